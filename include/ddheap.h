@@ -1,0 +1,146 @@
+/*
+ * ddheap — sampled heap profiling for any allocator, read by an eBPF tracer.
+ *
+ * Wire your allocator with three calls (plus two for realloc). A complete
+ * malloc-style wrapper over libc looks like this:
+ *
+ *     #include <ddheap.h>
+ *     #include <stdlib.h>
+ *
+ *     void *my_malloc(size_t size)
+ *     {
+ *         dd_alloc_req_t req = dd_allocation_requested(size, 0);
+ *         return dd_allocation_created(malloc(req.size), req);
+ *     }
+ *
+ *     void *my_aligned_alloc(size_t alignment, size_t size)
+ *     {
+ *         dd_alloc_req_t req = dd_allocation_requested(size, alignment);
+ *         return dd_allocation_created(aligned_alloc(req.alignment, req.size), req);
+ *     }
+ *
+ *     void my_free(void *ptr)
+ *     {
+ *         dd_alloc_freed_t f = dd_allocation_freed(ptr, 0, 0);
+ *         free(f.ptr);
+ *     }
+ *
+ *     void my_free_sized(void *ptr, size_t size)        // sized free: f.size is
+ *     {                                                 // what the real allocator
+ *         dd_alloc_freed_t f = dd_allocation_freed(ptr, size, 0);  // was asked for
+ *         free_sized_for_real(f.ptr, f.size);
+ *     }
+ *
+ *     void *my_realloc(void *ptr, size_t size)
+ *     {
+ *         dd_realloc_prep_t prep = dd_allocation_realloc_prepare(ptr, size);
+ *         void *raw = realloc(prep.raw_ptr, prep.raw_size);
+ *         return dd_allocation_realloc_commit(ptr, raw, prep);
+ *     }
+ *
+ * Rules of the road:
+ *  - Always hand the real allocator req.size / req.alignment (a sampled
+ *    request is a little larger) and always free f.ptr with f.size.
+ *  - dd_allocation_created() must see the pointer the real allocator
+ *    returned, NULL included (NULL is passed through and nothing is reported).
+ *  - Every block that went through dd_allocation_created() must be released
+ *    through dd_allocation_freed() or the realloc pair, never freed raw.
+ *  - alignment 0 means "the allocator's default" (at most 16 bytes); any
+ *    other value must be a power of two or the block is never sampled.
+ *
+ * Nothing happens until a tracer attaches to the `alloc` probe of provider
+ * `ddheap` or `otel_memory` (see docs/probes.md). Then, about once per
+ * sampling interval of allocated bytes (default 512 KiB, Poisson), a block
+ * is sampled and reported with a weight whose expected sum equals the bytes
+ * really allocated. Build with `pkg-config --cflags --libs ddheap`.
+ */
+#ifndef DDHEAP_H
+#define DDHEAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DDHEAP_VERSION_MAJOR 0
+#define DDHEAP_VERSION_MINOR 1
+#define DDHEAP_VERSION_PATCH 0
+
+#if defined(__GNUC__) && !defined(DDHEAP_NO_VISIBILITY)
+#define DDHEAP_API __attribute__((visibility("default")))
+#else
+#define DDHEAP_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What dd_allocation_requested() tells the caller to ask the real allocator
+ * for. `size`/`alignment` go to the real allocator; `user_size` is what the
+ * application asked for; `weight` is non-zero exactly when this block is
+ * sampled (it is then the unbiased byte estimate the probe reports). */
+typedef struct dd_alloc_req {
+    size_t size;
+    size_t user_size;
+    size_t alignment;
+    uint64_t weight;
+} dd_alloc_req_t;
+
+/* What dd_allocation_freed() tells the caller to hand the real free:
+ * `ptr` is the pointer the real allocator returned, `size` the size it was
+ * asked for (0 when the caller passed 0, i.e. an unsized free). */
+typedef struct dd_alloc_freed {
+    void *ptr;
+    size_t size;
+} dd_alloc_freed_t;
+
+/* Carried from dd_allocation_realloc_prepare() to _commit(). The caller
+ * reads `raw_ptr` and `raw_size` only: realloc(prep.raw_ptr, prep.raw_size). */
+typedef struct dd_realloc_prep {
+    void *raw_ptr;
+    size_t raw_size;
+    size_t new_size;       /* what the application asked for */
+    uint64_t weight;       /* non-zero: the new block is sampled */
+    uint32_t old_offset;   /* user - raw of the old block, if it was marked */
+    uint32_t old_extra;    /* its real size minus its user size */
+    uint32_t new_offset;   /* user - raw the new block will get */
+    uint32_t flags;        /* internal to src/realloc.c */
+} dd_realloc_prep_t;
+
+/* Sets the mean sampling interval R in bytes for the whole process
+ * (0 restores the default, 512 KiB; 1 samples every non-empty allocation
+ * with weight = size). The calling thread switches at once; other threads
+ * switch at their next sample point, so every reported weight stays
+ * computed with the interval its countdown was drawn with. */
+DDHEAP_API void dd_set_default_sampling_interval(uint64_t bytes);
+
+/* The mean sampling interval new countdowns are drawn with. */
+DDHEAP_API uint64_t dd_get_default_sampling_interval(void);
+
+/* True while a tracer is attached to the `alloc` probe of either provider
+ * (or one is simulated with dd_heap_simulate_tracer()). */
+DDHEAP_API bool dd_heap_profiler_attached(void);
+
+/* Makes ddheap behave as if a tracer were attached (true) or removes that
+ * pretence (false): exactly what bpftrace does to the probe semaphore, so
+ * the whole sampling path runs without a tracer. Calls nest like attaches.
+ * For tests and benchmarks; the probes still fire into the void. */
+DDHEAP_API void dd_heap_simulate_tracer(bool attached);
+
+/* Realloc, in two halves around the caller's own realloc: see the usage
+ * comment above and docs/realloc.md. realloc(NULL, n) allocates n;
+ * new_size 0 with a non-NULL block is a free of that block (glibc's
+ * realloc(p, 0)): prepare reports it freed and the caller's realloc must
+ * release it. */
+DDHEAP_API dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, size_t new_size);
+DDHEAP_API void *dd_allocation_realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t prep);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* The inlined fast path: dd_allocation_requested(), dd_allocation_created(),
+ * dd_allocation_freed(). */
+#include <ddheap/fastpath.h>
+
+#endif /* DDHEAP_H */

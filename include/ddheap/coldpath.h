@@ -1,0 +1,104 @@
+/*
+ * What the inlined fast path (ddheap/fastpath.h) needs from the library:
+ * the per-thread countdown, the process-wide marking state and the cold-path
+ * entry points. Nothing here is API; names carry a `ddheap__` prefix and may
+ * change between releases. Include <ddheap.h> instead.
+ */
+#ifndef DDHEAP_COLDPATH_H
+#define DDHEAP_COLDPATH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ddheap/config.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DDHEAP__HIDDEN __attribute__((visibility("hidden")))
+#define DDHEAP__LIKELY(x) __builtin_expect(!!(x), 1)
+#define DDHEAP__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#error "ddheap needs GCC or Clang"
+#endif
+
+/* Per-thread sampler state. Static TLS, zero-initialised, no destructor:
+ * all-zero means "not initialised yet", and a zero countdown sends the
+ * first non-empty allocation to the cold path, which initialises it. */
+struct ddheap__thread {
+    uint64_t countdown; /* bytes left before the next sample point */
+    uint64_t mean;      /* the interval R this countdown was drawn with */
+    uint64_t rng;       /* generator state; 0 until initialised */
+    uint32_t epoch;     /* interval setting this thread last adopted */
+    uint16_t busy;      /* reentry guard: non-zero inside the cold path */
+    uint8_t tagging;    /* aarch64 TBI: enum ddheap__tagging in src/ */
+    uint8_t unused;
+};
+
+/* initial-exec: a plain %fs/tpidr_el0-relative access in the caller's code,
+ * whether that code is an executable or a shared library (a dlopen'ed one
+ * draws on glibc's static TLS reserve, which this small block fits). */
+extern __thread struct ddheap__thread ddheap__thread_state
+    __attribute__((tls_model("initial-exec"))) DDHEAP__HIDDEN;
+
+/* The alloc-probe semaphores of both providers, adjacent in `.probes`
+ * (src/probes.c), read as one 32-bit word: non-zero iff a tracer (or
+ * dd_heap_simulate_tracer) is attached to either provider's alloc probe. */
+extern uint32_t ddheap__tracer_gate DDHEAP__HIDDEN;
+
+/* Process-wide marking state, one instance per process however many copies
+ * of ddheap are linked in (an executable and its shared libraries each may
+ * carry one): the symbol is STB_GNU_UNIQUE, so the dynamic linker binds
+ * every copy to the same object. A block sampled by one copy is recognised
+ * and released by any other. The `_v1` suffix is the layout version. */
+#define DDHEAP__PAGE 4096u
+#define DDHEAP__HEADER 16u
+#define DDHEAP__TABLE_SLOTS 16384u
+
+struct ddheap__table_slot {
+    uintptr_t user; /* 0: free slot */
+    uint64_t meta;  /* same encoding as a header's meta word */
+};
+
+struct ddheap__shared {
+    /* Read by every free: zero while no marked block is live anywhere in
+     * the process, which lets frees skip the header read entirely. */
+    uint64_t live_marked;
+    /* Check-word keys, derived from AT_RANDOM (identical in every copy);
+     * written once before the first block is marked. */
+    uint64_t key_xor;
+    uint64_t key_mul; /* odd */
+    uint64_t keys_ready;
+    uint64_t line0_pad[4];
+    /* Table of marked blocks whose user pointer is in the first 16 bytes
+     * of a page (no room for a readable header): page-and-larger aligned
+     * blocks, and the rare small block that lands there. */
+    uint64_t table_live;
+    uint64_t table_overflow; /* entries placed outside their probe window */
+    uint64_t line1_pad[6];
+    struct ddheap__table_slot table[DDHEAP__TABLE_SLOTS];
+};
+
+extern struct ddheap__shared ddheap_shared_v1 __attribute__((visibility("default")));
+
+/* meta word of a mark (header or table slot):
+ *   bits  0..31  offset: user pointer minus raw pointer
+ *   bits 32..62  extra: bytes added to the user's size in the real request
+ *   bit  63      reported: an alloc probe fired for this block, so its free
+ *                must fire one (realloc may mark without reporting) */
+#define DDHEAP__META_REPORTED (UINT64_C(1) << 63)
+
+/* Cold-path entry points (src/). */
+struct dd_alloc_req;
+struct dd_alloc_freed;
+DDHEAP__HIDDEN struct dd_alloc_req ddheap__sample_request(size_t size, size_t alignment);
+DDHEAP__HIDDEN void *ddheap__sample_created(void *raw, struct dd_alloc_req req);
+DDHEAP__HIDDEN struct dd_alloc_freed ddheap__release(void *user, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDHEAP_COLDPATH_H */

@@ -1,0 +1,128 @@
+/*
+ * The inlined fast path, compiled into the caller's allocator. Its whole
+ * cost, per call, is:
+ *
+ *   requested, no tracer:   one load (the semaphore word), one branch
+ *   requested, tracer:      + a thread-local subtract and a branch
+ *   created:                one test of req.weight (folded by the compiler
+ *                           into the branches above when it can see both)
+ *   freed, nothing marked:  one load (live_marked), one branch
+ *   freed, something live:  + the page test, a 16-byte read and the keyed
+ *                           check (header scheme) / one compare (aarch64 TBI)
+ *
+ * Everything else lives in the cold path (src/). Include <ddheap.h>.
+ */
+#ifndef DDHEAP_FASTPATH_H
+#define DDHEAP_FASTPATH_H
+
+#include <ddheap.h>
+#include <ddheap/coldpath.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Top byte of a sampled pointer when DDHEAP_MARK_TBI. */
+#define DDHEAP__TAG 0xddu
+
+static inline uint64_t ddheap__load_relaxed(const uint64_t *p)
+{
+    return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
+/* The keyed check word of a header at `user` carrying `meta`. The multiply
+ * by a secret odd key spreads every input bit upwards, so without the keys
+ * no byte pattern can be made to pass, and a header copied from another
+ * block fails because the address differs. */
+static inline uint64_t ddheap__check_word(uintptr_t user, uint64_t meta)
+{
+    return ((uint64_t)user ^ meta ^ ddheap_shared_v1.key_xor) * ddheap_shared_v1.key_mul;
+}
+
+/* Whether the 16 bytes before `user` hold a valid header. The caller has
+ * made sure `user` is not in the first 16 bytes of a page, so the read stays
+ * within the page `user` points into and never faults. The read looks at
+ * bytes that, for an unsampled block, belong to the allocator or to a
+ * neighbouring object: address sanitizers are told not to check it (the
+ * bytes are compared, never used, unless the keyed check passes). */
+#if defined(__SANITIZE_ADDRESS__)
+#define DDHEAP__NO_SANITIZE_ADDRESS __attribute__((no_sanitize_address))
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DDHEAP__NO_SANITIZE_ADDRESS __attribute__((no_sanitize("address")))
+#endif
+#endif
+#ifndef DDHEAP__NO_SANITIZE_ADDRESS
+#define DDHEAP__NO_SANITIZE_ADDRESS
+#endif
+
+DDHEAP__NO_SANITIZE_ADDRESS
+static inline int ddheap__header_matches(uintptr_t user)
+{
+    uint64_t check, meta;
+    __builtin_memcpy(&check, (const char *)user - DDHEAP__HEADER, sizeof check);
+    __builtin_memcpy(&meta, (const char *)user - DDHEAP__HEADER + 8, sizeof meta);
+    return check == ddheap__check_word(user, meta);
+}
+
+/*
+ * Call before the real allocation. Hand the real allocator req.size and
+ * req.alignment. `alignment` 0 means the allocator's default.
+ */
+static inline dd_alloc_req_t dd_allocation_requested(size_t size, size_t alignment)
+{
+    dd_alloc_req_t req = {size, size, alignment, 0};
+    if (DDHEAP__UNLIKELY(__atomic_load_n(&ddheap__tracer_gate, __ATOMIC_RELAXED) != 0)) {
+        uint64_t left;
+        /* A borrow means the next sample point falls inside this block. */
+        if (DDHEAP__UNLIKELY(__builtin_sub_overflow(ddheap__thread_state.countdown,
+                                                    (uint64_t)size, &left)))
+            return ddheap__sample_request(size, alignment);
+        ddheap__thread_state.countdown = left;
+    }
+    return req;
+}
+
+/*
+ * Call with what the real allocator returned for `req` (NULL included);
+ * returns the pointer to hand to the application.
+ */
+static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
+{
+    if (DDHEAP__UNLIKELY(req.weight != 0))
+        return ddheap__sample_created(raw, req);
+    return raw;
+}
+
+/*
+ * Call before the real free with the application's pointer and, when the
+ * caller knows them, the size and alignment it was allocated with (0 when
+ * unknown). Free the returned ptr; for a sized free, pass the returned size.
+ */
+static inline dd_alloc_freed_t dd_allocation_freed(void *ptr, size_t size, size_t alignment)
+{
+    dd_alloc_freed_t out = {ptr, size};
+    (void)alignment;
+#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
+    if (DDHEAP__UNLIKELY(((uintptr_t)ptr >> 56) == DDHEAP__TAG))
+        return ddheap__release(ptr, size);
+#elif DDHEAP_LIVE_HEAP
+    if (DDHEAP__UNLIKELY(ddheap__load_relaxed(&ddheap_shared_v1.live_marked) != 0)) {
+        uintptr_t user = (uintptr_t)ptr;
+        /* Page rule: a marked block never has a header-marked user pointer
+         * in the first 16 bytes of a page; those are looked up instead. */
+        int marked = (user & (DDHEAP__PAGE - 1)) >= DDHEAP__HEADER
+                         ? ddheap__header_matches(user)
+                         : ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v1.table_live) != 0;
+        if (DDHEAP__UNLIKELY(marked))
+            return ddheap__release(ptr, size);
+    }
+#endif
+    return out;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DDHEAP_FASTPATH_H */

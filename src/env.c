@@ -1,0 +1,97 @@
+/*
+ * DD_HEAP_SAMPLING_ENABLED and DD_HEAP_SAMPLING_INTERVAL, read once.
+ * getenv() allocates nothing; the parsing below is ours (strtoull would
+ * consult the locale). A bad value is reported once on stderr, through
+ * write(2) (stdio may allocate), and the default is kept.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static bool is_word(const char *text, const char *word)
+{
+    for (; *word; text++, word++) {
+        char c = *text;
+        if (c >= 'A' && c <= 'Z')
+            c = (char)(c - 'A' + 'a');
+        if (c != *word)
+            return false;
+    }
+    return *text == '\0';
+}
+
+int ddheap_parse_enabled(const char *text)
+{
+    static const char *const on[] = {"1", "true", "yes", "on"};
+    static const char *const off[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) {
+        if (is_word(text, on[i]))
+            return 1;
+        if (is_word(text, off[i]))
+            return 0;
+    }
+    return -1;
+}
+
+bool ddheap_parse_interval(const char *text, uint64_t *out)
+{
+    uint64_t value = 0;
+    const char *p = text;
+    if (*p < '0' || *p > '9')
+        return false; /* empty, sign, space or garbage */
+    for (; *p >= '0' && *p <= '9'; p++) {
+        uint64_t digit = (uint64_t)(*p - '0');
+        if (value > (UINT64_MAX - digit) / 10)
+            return false;
+        value = value * 10 + digit;
+    }
+    unsigned shift = 0;
+    switch (*p) {
+    case 'k': case 'K': shift = 10; p++; break;
+    case 'm': case 'M': shift = 20; p++; break;
+    case 'g': case 'G': shift = 30; p++; break;
+    default: break;
+    }
+    if (*p != '\0' || value == 0)
+        return false;
+    if (shift && value > (UINT64_MAX >> shift))
+        return false;
+    *out = value << shift;
+    return true;
+}
+
+static void complain(const char *name, const char *value, const char *what)
+{
+    /* One write per message, so concurrent processes do not interleave. */
+    char line[256];
+    size_t n = 0;
+    const char *parts[] = {"ddheap: ignoring ", name, "=\"", value, "\": ", what, "\n"};
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        for (const char *c = parts[i]; *c && n < sizeof line - 1; c++)
+            line[n++] = *c;
+    if (n == sizeof line - 1)
+        line[n - 1] = '\n';
+    ssize_t ignored = write(STDERR_FILENO, line, n);
+    (void)ignored;
+}
+
+struct ddheap_config ddheap_read_environment(void)
+{
+    struct ddheap_config c = {true, DDHEAP_DEFAULT_INTERVAL};
+    const char *enabled = getenv("DD_HEAP_SAMPLING_ENABLED");
+    if (enabled) {
+        int on = ddheap_parse_enabled(enabled);
+        if (on < 0)
+            complain("DD_HEAP_SAMPLING_ENABLED", enabled,
+                     "expected 1/true/yes/on or 0/false/no/off; sampling stays enabled");
+        else
+            c.enabled = on == 1;
+    }
+    const char *interval = getenv("DD_HEAP_SAMPLING_INTERVAL");
+    if (interval && !ddheap_parse_interval(interval, &c.interval))
+        complain("DD_HEAP_SAMPLING_INTERVAL", interval,
+                 "expected a positive byte count such as 524288 or 512k; using 524288");
+    return c;
+}

@@ -1,0 +1,71 @@
+/*
+ * Declarations shared by the cold-path modules. One allocation's cold path
+ * reads top to bottom in sampler.c; it calls out to the marking scheme
+ * (mark.h), the probes (probes.c) and the sampling math (sampling_math.c).
+ */
+#ifndef DDHEAP_INTERNAL_H
+#define DDHEAP_INTERNAL_H
+
+#include <ddheap.h>
+#include <ddheap/testing.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DDHEAP_DEFAULT_INTERVAL (UINT64_C(512) * 1024)
+
+/* Alignment limit of sampling: larger (and non-power-of-two) alignments
+ * pass through unsampled. 1 GiB covers every huge page size. */
+#define DDHEAP_MAX_SAMPLED_ALIGNMENT (UINT64_C(1) << 30)
+
+/* --- sampling_math.c --- */
+/* An Exp(1) variate from 64 random bits (uses the top 53). */
+double ddheap_exponential(uint64_t random_bits);
+/* 1 - e^-x for x >= 0, accurate for small x. */
+double ddheap_one_minus_exp_neg(double x);
+
+/* --- sampler.c --- */
+/* Process configuration, read once from the environment. */
+struct ddheap_config {
+    bool enabled;
+    uint64_t interval;
+};
+const struct ddheap_config *ddheap_config(void);
+uint64_t ddheap_next_random(struct ddheap__thread *t);
+uint64_t ddheap_draw_countdown(struct ddheap__thread *t, uint64_t mean);
+uint64_t ddheap_weight(uint64_t size, uint64_t mean);
+/* Decides whether a block of `size` bytes is sampled given that the
+ * fast path saw a borrow (or the realloc path asks): returns its weight,
+ * 0 if not sampled, and leaves the countdown set for the next block. */
+uint64_t ddheap_sample_decision(size_t size);
+
+/* --- env.c --- */
+/* Parses DD_HEAP_SAMPLING_ENABLED / DD_HEAP_SAMPLING_INTERVAL; prints one
+ * line on stderr for each invalid value and keeps the default for it. */
+struct ddheap_config ddheap_read_environment(void);
+/* Parses a decimal byte count (optional KiB/MiB/GiB-style suffix k, m, g);
+ * false for anything else, including negatives, 0 and overflow. */
+bool ddheap_parse_interval(const char *text, uint64_t *out);
+/* 1 = on, 0 = off, -1 = not understood. */
+int ddheap_parse_enabled(const char *text);
+
+/* --- probes.c --- */
+void ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight);
+void ddheap_fire_free(uintptr_t ptr);
+void ddheap_fire_realloc(uintptr_t old_ptr, uintptr_t new_ptr, uint64_t size, uint64_t weight);
+
+/* --- shared.c --- */
+/* Derives the check-word keys from AT_RANDOM if no copy did yet. */
+void ddheap_ensure_keys(void);
+/* 64-bit values derived from the process secret, the same in every copy
+ * of the library (domain separates the uses). */
+uint64_t ddheap_process_secret(uint64_t domain);
+
+/* Runs once per process, from a constructor when possible: derives the
+ * keys, reads the environment and makes every libc function the cold path
+ * calls (getauxval, getenv, __errno_location, ...) get bound before any
+ * allocation can need it, so lazy binding never runs inside the cold path. */
+void ddheap_process_init(void);
+
+#endif /* DDHEAP_INTERNAL_H */

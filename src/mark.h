@@ -1,0 +1,70 @@
+/*
+ * Marking: how a sampled block is told apart from every other block at
+ * free time, and how its raw pointer and real size are recovered. Every
+ * scheme meets this contract; sampler.c and realloc.c use nothing else.
+ *
+ *  - mark_extra(alignment) is decided before the real allocation: the
+ *    bytes added to the request (0 for pointer tagging). The mark records
+ *    it, so a sized free gets back exactly the size the allocator saw.
+ *  - mark_at(raw, ...) turns the real allocation into the user pointer. It
+ *    never writes outside the raw block, and either fully marks or leaves
+ *    everything untouched.
+ *  - lookup(user) answers "is this a marked block" without changing
+ *    anything, cheaply when nothing is marked; unmark(user) makes the block
+ *    unmarked again (header zeroed, table slot freed) and live_marked
+ *    counts it down.
+ *
+ * Schemes: mark_header.c (16-byte keyed header before the user pointer,
+ * plus mark_table.c for user pointers at a page start; x86-64, and aarch64
+ * with -Darm64_marking=header) and mark_tbi.c (aarch64 top-byte tag).
+ */
+#ifndef DDHEAP_MARK_H
+#define DDHEAP_MARK_H
+
+#include "internal.h"
+
+struct ddheap_mark {
+    void *raw;       /* what the real allocator returned */
+    size_t extra;    /* bytes added to the user's size in the real request */
+    uint32_t offset; /* user - raw (in the untagged address space) */
+    bool reported;   /* an alloc probe fired for this block */
+};
+
+/* Bytes to add to a request of this alignment (0 = the allocator's
+ * default), or SIZE_MAX when a block of this alignment cannot be marked
+ * (it then passes through unsampled). A fresh block's user pointer sits
+ * this many bytes into the raw block. */
+size_t ddheap_mark_extra(size_t alignment);
+/* Marks the block at `raw` whose user pointer is `offset` bytes in and
+ * whose real request was `extra` bytes larger than the user's size; returns
+ * the user pointer, or NULL when the block cannot be marked (then nothing
+ * was written). */
+void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported);
+/* Whether `user` is a marked block, changing nothing. */
+bool ddheap_mark_lookup(void *user, struct ddheap_mark *out);
+/* Removes the mark of `user` (header zeroed, table slot freed, tag
+ * forgotten) and returns what lookup would have; false if not marked. */
+bool ddheap_unmark(void *user, struct ddheap_mark *out);
+
+/* --- mark_table.c: marks for user pointers in the first 16 bytes of a page --- */
+bool ddheap_table_insert(uintptr_t user, uint64_t meta);
+bool ddheap_table_find(uintptr_t user, uint64_t *meta);
+bool ddheap_table_remove(uintptr_t user, uint64_t *meta);
+
+/* meta word helpers (layout in ddheap/coldpath.h) */
+static inline uint64_t ddheap_meta(uint32_t offset, size_t extra, bool reported)
+{
+    return (uint64_t)offset | ((uint64_t)extra << 32) | (reported ? DDHEAP__META_REPORTED : 0);
+}
+
+static inline struct ddheap_mark ddheap_meta_decode(uintptr_t user, uint64_t meta)
+{
+    struct ddheap_mark m;
+    m.offset = (uint32_t)meta;
+    m.extra = (size_t)((meta & ~DDHEAP__META_REPORTED) >> 32);
+    m.reported = (meta & DDHEAP__META_REPORTED) != 0;
+    m.raw = (void *)(user - m.offset);
+    return m;
+}
+
+#endif /* DDHEAP_MARK_H */

@@ -1,0 +1,157 @@
+/*
+ * The USDT probes: the only place they are expanded, so each appears once
+ * per provider in .note.stapsdt (a tracer attaching to a probe that appears
+ * twice would attach twice).
+ *
+ * The contract (docs/probes.md) says the arguments sit in the SysV argument
+ * registers, in order, because the OpenTelemetry profiler reads them from
+ * pt_regs without parsing the note. Each probe function therefore pins its
+ * arguments to rdi/rsi/rdx/rcx (x0..x3 on aarch64) with local register
+ * variables and an "r" constraint: the note then reads `8@%rdi 8@%rsi ...`
+ * in every build type, -O0 included, where the default "nor" constraint
+ * would describe stack slots.
+ *
+ * The probe site is a 5-byte nop on x86-64 instead of sys/sdt.h's 1-byte
+ * one: the kernel can optimise a uprobe on a 5-byte nop (no single-step),
+ * which roughly halves the cost of a probe hit.
+ */
+#include "internal.h"
+
+#include <limits.h>
+
+#define _SDT_HAS_SEMAPHORES 1
+#if defined(__x86_64__)
+#define STAP_SDT_ARG_CONSTRAINT r
+#elif defined(__aarch64__)
+#define STAP_SDT_ARG_CONSTRAINT r
+#endif
+#include <sys/sdt.h>
+#if defined(__x86_64__)
+#undef _SDT_NOP
+#define _SDT_NOP .nops 5
+#endif
+
+/* The semaphores, laid out by hand so that the two alloc semaphores form
+ * one aligned 32-bit word, ddheap__tracer_gate, which the fast path loads
+ * once. A tracer increments a semaphore on attach and decrements it on
+ * detach; the symbols are local so that no foreign name (otel_memory_*)
+ * leaks into the archive's global symbols. */
+__asm__(".pushsection .probes,\"aw\",%progbits\n"
+        ".balign 8\n"
+        ".globl ddheap__tracer_gate\n"
+        ".hidden ddheap__tracer_gate\n"
+        ".type ddheap__tracer_gate, %object\n"
+        ".size ddheap__tracer_gate, 4\n"
+        "ddheap__tracer_gate:\n"
+        "ddheap_alloc_semaphore: .2byte 0\n"
+        "otel_memory_alloc_semaphore: .2byte 0\n"
+        "ddheap_free_semaphore: .2byte 0\n"
+        "otel_memory_free_semaphore: .2byte 0\n"
+        "ddheap_realloc_semaphore: .2byte 0\n"
+        "otel_memory_realloc_semaphore: .2byte 0\n"
+        ".popsection\n");
+
+/* sys/sdt.h names the semaphores in C too (an "m" operand). */
+extern unsigned short ddheap_alloc_semaphore DDHEAP__HIDDEN;
+extern unsigned short ddheap_free_semaphore DDHEAP__HIDDEN;
+extern unsigned short ddheap_realloc_semaphore DDHEAP__HIDDEN;
+extern unsigned short otel_memory_alloc_semaphore DDHEAP__HIDDEN;
+extern unsigned short otel_memory_free_semaphore DDHEAP__HIDDEN;
+extern unsigned short otel_memory_realloc_semaphore DDHEAP__HIDDEN;
+
+#if defined(__x86_64__)
+#define DDHEAP_ARG_REGS(a, b, c, d)                                                                \
+    register uint64_t a1 __asm__("rdi") = (a);                                                     \
+    register uint64_t a2 __asm__("rsi") = (b);                                                     \
+    register uint64_t a3 __asm__("rdx") = (c);                                                     \
+    register uint64_t a4 __asm__("rcx") = (d)
+#elif defined(__aarch64__)
+#define DDHEAP_ARG_REGS(a, b, c, d)                                                                \
+    register uint64_t a1 __asm__("x0") = (a);                                                      \
+    register uint64_t a2 __asm__("x1") = (b);                                                      \
+    register uint64_t a3 __asm__("x2") = (c);                                                      \
+    register uint64_t a4 __asm__("x3") = (d)
+#endif
+
+static dd_probe_hook_fn probe_hook;
+static void *probe_hook_ctx;
+
+void ddheap_test_set_probe_hook(dd_probe_hook_fn hook, void *ctx)
+{
+    __atomic_store_n(&probe_hook_ctx, ctx, __ATOMIC_RELAXED);
+    __atomic_store_n(&probe_hook, hook, __ATOMIC_RELEASE);
+}
+
+static void call_hook(dd_probe_kind_t kind, uintptr_t ptr, uintptr_t new_ptr, uint64_t size,
+                      uint64_t weight)
+{
+    dd_probe_hook_fn hook = __atomic_load_n(&probe_hook, __ATOMIC_ACQUIRE);
+    if (hook) {
+        dd_probe_event_t ev = {kind, ptr, new_ptr, size, weight};
+        hook(&ev, __atomic_load_n(&probe_hook_ctx, __ATOMIC_RELAXED));
+    }
+}
+
+/* noinline + noclone: one expansion each, in a function of its own. */
+#define DDHEAP_PROBE_FN __attribute__((noinline, noclone, used))
+
+DDHEAP_PROBE_FN void ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight)
+{
+    DDHEAP_ARG_REGS(ptr, size, weight, 0);
+    (void)a4;
+#if DDHEAP_PROVIDER_DDHEAP
+    STAP_PROBE3(ddheap, alloc, a1, a2, a3);
+#endif
+#if DDHEAP_PROVIDER_OTEL
+    STAP_PROBE3(otel_memory, alloc, a1, a2, a3);
+#endif
+    call_hook(DD_PROBE_ALLOC, ptr, 0, size, weight);
+}
+
+DDHEAP_PROBE_FN void ddheap_fire_free(uintptr_t ptr)
+{
+    DDHEAP_ARG_REGS(ptr, 0, 0, 0);
+    (void)a2;
+    (void)a3;
+    (void)a4;
+#if DDHEAP_PROVIDER_DDHEAP
+    STAP_PROBE1(ddheap, free, a1);
+#endif
+#if DDHEAP_PROVIDER_OTEL
+    STAP_PROBE1(otel_memory, free, a1);
+#endif
+    call_hook(DD_PROBE_FREE, ptr, 0, 0, 0);
+}
+
+DDHEAP_PROBE_FN void ddheap_fire_realloc(uintptr_t old_ptr, uintptr_t new_ptr, uint64_t size,
+                                         uint64_t weight)
+{
+    DDHEAP_ARG_REGS(old_ptr, new_ptr, size, weight);
+#if DDHEAP_PROVIDER_DDHEAP
+    STAP_PROBE4(ddheap, realloc, a1, a2, a3, a4);
+#endif
+#if DDHEAP_PROVIDER_OTEL
+    STAP_PROBE4(otel_memory, realloc, a1, a2, a3, a4);
+#endif
+    call_hook(DD_PROBE_REALLOC, old_ptr, new_ptr, size, weight);
+}
+
+bool dd_heap_profiler_attached(void)
+{
+    return __atomic_load_n(&ddheap__tracer_gate, __ATOMIC_RELAXED) != 0;
+}
+
+void dd_heap_simulate_tracer(bool attached)
+{
+    /* Exactly what a tracer does: count attaches on the semaphore. The
+     * ddheap provider's alloc semaphore is the gate's first half. */
+    unsigned short now = __atomic_load_n(&ddheap_alloc_semaphore, __ATOMIC_RELAXED);
+    unsigned short next;
+    do {
+        if (attached)
+            next = now == USHRT_MAX ? now : (unsigned short)(now + 1);
+        else
+            next = now == 0 ? 0 : (unsigned short)(now - 1); /* never below "detached" */
+    } while (!__atomic_compare_exchange_n(&ddheap_alloc_semaphore, &now, next, true,
+                                          __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}

@@ -1,0 +1,259 @@
+/*
+ * The cold path of one allocation, top to bottom: the fast path saw the
+ * thread's countdown run out inside a block (ddheap__sample_request), the
+ * real allocation happened, the block is marked and reported
+ * (ddheap__sample_created); later the free path recognised the mark
+ * (ddheap__release).
+ *
+ * Sampling math (DESIGN §3). Each thread runs a Poisson process over the
+ * bytes it allocates: the countdown to the next sample point is drawn from
+ * Exp(R). The process is memoryless, so whatever came before, a block of
+ * S bytes contains at least one point with probability p = 1 - e^(-S/R).
+ * Such a block is sampled once (however many points it spans) with weight
+ * S/p, so E[weight] = p * S/p = S: summed weights estimate allocated bytes
+ * without bias, and Var = S^2 (1-p)/p, which vanishes for S >> R. After a
+ * sampled block the next countdown is drawn afresh from the block's end,
+ * which memorylessness makes exact. The R a countdown was drawn with is
+ * stored beside it, so a change of interval never mixes two R's in one
+ * weight. Countdowns are whole bytes, floor(X): floor(X) < S exactly when
+ * X < S for whole S, so the integer countdown keeps p exact.
+ *
+ * R = 1 is not the Poisson process at R = 1 (which would sample a 1-byte
+ * block with p = 0.63 and weight 1.58): it samples every non-empty block
+ * with weight = size, for exact tests and small leak hunts.
+ *
+ * Hazards: the cold path runs inside someone's malloc. It allocates
+ * nothing, takes no lock, calls no libm, keeps errno, and a reentrant call
+ * on the same thread (a signal handler that allocates) passes through
+ * unsampled.
+ */
+#include "internal.h"
+#include "mark.h"
+
+#include <errno.h>
+
+__thread struct ddheap__thread ddheap__thread_state __attribute__((tls_model("initial-exec")));
+
+/* Process configuration. `interval` and `epoch` change at run time through
+ * the API; a thread adopts them when its epoch differs from the global one. */
+static struct {
+    uint64_t interval;
+    uint32_t epoch;
+    uint8_t enabled;
+    uint8_t state; /* 0: environment not read yet, 1: read */
+    uint8_t interval_from_api;
+} config;
+
+static uint64_t thread_counter;
+
+static void read_config_once(void)
+{
+    if (__atomic_load_n(&config.state, __ATOMIC_ACQUIRE))
+        return;
+    struct ddheap_config env = ddheap_read_environment();
+    __atomic_store_n(&config.enabled, env.enabled, __ATOMIC_RELAXED);
+    if (!__atomic_load_n(&config.interval_from_api, __ATOMIC_RELAXED))
+        __atomic_store_n(&config.interval, env.interval, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&config.epoch, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&config.state, 1, __ATOMIC_RELEASE);
+}
+
+void ddheap_process_init(void)
+{
+    int saved = errno; /* binds __errno_location */
+    ddheap_ensure_keys(); /* binds getauxval */
+    read_config_once();   /* binds getenv, write */
+    errno = saved;
+}
+
+/* Before main, for everything loaded at start-up; dlopen'ed copies run it
+ * at load. An allocation that comes earlier still initialises on demand. */
+__attribute__((constructor)) static void ddheap_constructor(void)
+{
+    ddheap_process_init();
+}
+
+/* splitmix64: a 64-bit state walked by a Weyl sequence and hashed; every
+ * state is valid and the output passes BigCrush. */
+uint64_t ddheap_next_random(struct ddheap__thread *t)
+{
+    uint64_t z = (t->rng += UINT64_C(0x9e3779b97f4a7c15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+    return z ^ (z >> 31);
+}
+
+uint64_t ddheap_draw_countdown(struct ddheap__thread *t, uint64_t mean)
+{
+    if (mean <= 1)
+        return 0;
+    double gap = ddheap_exponential(ddheap_next_random(t)) * (double)mean;
+    /* Exp(1) < 37 here, so gap < 37 * 2^63 never; clamp anyway. */
+    return gap >= 0x1p64 ? UINT64_MAX : (uint64_t)gap;
+}
+
+uint64_t ddheap_weight(uint64_t size, uint64_t mean)
+{
+    if (mean <= 1)
+        return size;
+    double p = ddheap_one_minus_exp_neg((double)size / (double)mean);
+    double w = (double)size / p + 0.5;
+    if (w >= 0x1p64)
+        return UINT64_MAX;
+    uint64_t weight = (uint64_t)w;
+    return weight < size ? size : weight; /* S/p >= S; guards rounding */
+}
+
+/* Takes the current interval (and, on first use, a seed). A fresh
+ * countdown starts a fresh Poisson process, unbiased from here on. */
+static void adopt_config(struct ddheap__thread *t)
+{
+    read_config_once();
+    uint32_t epoch = __atomic_load_n(&config.epoch, __ATOMIC_ACQUIRE);
+    if (t->mean == 0) {
+        uint64_t n = __atomic_add_fetch(&thread_counter, 1, __ATOMIC_RELAXED);
+        t->rng = ddheap_process_secret(3) ^ ((uintptr_t)t * UINT64_C(0x9e3779b97f4a7c15)) ^
+                 (n << 32);
+    }
+    t->epoch = epoch;
+    if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)) {
+        t->mean = UINT64_MAX; /* non-zero: initialised */
+        t->countdown = UINT64_MAX;
+        return;
+    }
+    t->mean = __atomic_load_n(&config.interval, __ATOMIC_RELAXED);
+    t->countdown = ddheap_draw_countdown(t, t->mean);
+}
+
+uint64_t ddheap_sample_decision(size_t size)
+{
+    struct ddheap__thread *t = &ddheap__thread_state;
+    if (t->mean == 0 || t->epoch != __atomic_load_n(&config.epoch, __ATOMIC_RELAXED))
+        adopt_config(t);
+    if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)) {
+        t->countdown = UINT64_MAX;
+        return 0;
+    }
+    if (size == 0)
+        return 0;
+    if (t->countdown >= size) { /* no sample point inside this block */
+        t->countdown -= size;
+        return 0;
+    }
+    uint64_t weight = ddheap_weight(size, t->mean);
+    t->countdown = ddheap_draw_countdown(t, t->mean);
+    return weight;
+}
+
+dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
+{
+    dd_alloc_req_t req = {size, size, alignment, 0};
+    struct ddheap__thread *t = &ddheap__thread_state;
+    if (t->busy) /* reentered (signal handler): pass through */
+        return req;
+    t->busy = 1;
+    int saved_errno = errno;
+
+    uint64_t weight = ddheap_sample_decision(size);
+#if DDHEAP_LIVE_HEAP
+    if (weight) {
+        size_t extra = ddheap_mark_extra(alignment);
+        if (extra == SIZE_MAX || size > SIZE_MAX - extra)
+            weight = 0; /* cannot be marked: passes through unsampled */
+        else
+            req.size = size + extra;
+    }
+#endif
+    req.weight = weight;
+
+    errno = saved_errno;
+    t->busy = 0;
+    return req;
+}
+
+void *ddheap__sample_created(void *raw, dd_alloc_req_t req)
+{
+    if (raw == NULL) /* the real allocation failed: nothing to report */
+        return NULL;
+    int saved_errno = errno;
+    void *user = raw;
+#if DDHEAP_LIVE_HEAP
+    size_t extra = req.size - req.user_size;
+    user = ddheap_mark_at(raw, (uint32_t)extra, extra, true);
+    if (user == NULL) {
+        /* Cannot happen with a sane table size (docs/alignment.md); the
+         * block then lives on unsampled with its slack unused. */
+        errno = saved_errno;
+        return raw;
+    }
+#endif
+    ddheap_fire_alloc((uintptr_t)user, req.user_size, req.weight);
+    errno = saved_errno;
+    return user;
+}
+
+dd_alloc_freed_t ddheap__release(void *user, size_t size)
+{
+    dd_alloc_freed_t out = {user, size};
+#if DDHEAP_LIVE_HEAP
+    struct ddheap_mark m;
+    int saved_errno = errno;
+    if (ddheap_unmark(user, &m)) {
+        /* Report first: once the real free runs, the address may be
+         * handed out (and reported) again by another thread. */
+        if (m.reported)
+            ddheap_fire_free((uintptr_t)user);
+        out.ptr = m.raw;
+        out.size = size ? size + m.extra : 0;
+    }
+    errno = saved_errno;
+#endif
+    return out;
+}
+
+void dd_set_default_sampling_interval(uint64_t bytes)
+{
+    read_config_once();
+    __atomic_store_n(&config.interval_from_api, 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&config.interval, bytes ? bytes : DDHEAP_DEFAULT_INTERVAL, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&config.epoch, 1, __ATOMIC_RELEASE);
+    adopt_config(&ddheap__thread_state);
+}
+
+uint64_t dd_get_default_sampling_interval(void)
+{
+    read_config_once();
+    return __atomic_load_n(&config.interval, __ATOMIC_RELAXED);
+}
+
+/* --- test hooks (ddheap/testing.h) --- */
+
+void ddheap_test_seed_thread(uint64_t seed)
+{
+    struct ddheap__thread *t = &ddheap__thread_state;
+    adopt_config(t);
+    t->rng = seed;
+    if (__atomic_load_n(&config.enabled, __ATOMIC_RELAXED))
+        t->countdown = ddheap_draw_countdown(t, t->mean);
+}
+
+uint64_t ddheap_test_draw_gap(uint64_t mean)
+{
+    struct ddheap__thread *t = &ddheap__thread_state;
+    if (t->mean == 0)
+        adopt_config(t);
+    return ddheap_draw_countdown(t, mean);
+}
+
+uint64_t ddheap_test_weight(uint64_t size, uint64_t mean)
+{
+    return ddheap_weight(size, mean);
+}
+
+void ddheap_test_reload_config(void)
+{
+    __atomic_store_n(&config.interval_from_api, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&config.state, 0, __ATOMIC_RELEASE);
+    read_config_once();
+    adopt_config(&ddheap__thread_state);
+}
