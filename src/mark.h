@@ -40,6 +40,10 @@ size_t ddheap_mark_extra(size_t alignment);
  * the user pointer, or NULL when the block cannot be marked (then nothing
  * was written). */
 void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported);
+/* Whether the calling thread can hand out marked blocks at all (aarch64
+ * TBI: the kernel must accept tagged pointers from it). Called before every
+ * sampling decision; a thread that cannot mark never samples. */
+bool ddheap_mark_thread_ready(struct ddheap__thread *t);
 /* Whether `user` is a marked block, changing nothing. */
 bool ddheap_mark_lookup(void *user, struct ddheap_mark *out);
 /* Removes the mark of `user` (header zeroed, table slot freed, tag

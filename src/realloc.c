@@ -13,9 +13,11 @@
  * offset), that both source and destination lie inside it. Moved bytes
  * past the old block's end are indeterminate, as realloc allows.
  *
- * A marked old block always yields a marked new block, reported or not:
- * its request carries extra bytes that a sized free must get back, and
- * only a mark remembers them.
+ * A marked old block whose mark carries bytes (a header's offset or extra)
+ * always yields a marked new block, reported or not: its request carries
+ * extra bytes that a sized free must get back, and only a mark remembers
+ * them. A mark that carries nothing (a pointer tag, a page-aligned table
+ * entry) is simply dropped when the new block is not sampled.
  *
  * The old mark is removed in prepare, before the real realloc can free or
  * copy the old block: a stale header left in freed memory could later be
@@ -101,7 +103,8 @@ dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, size_t new_size)
     prep.weight = req.weight;
     prep.raw_size = new_size;
 #if DDHEAP_LIVE_HEAP
-    if (req.weight || (prep.flags & OLD_MARKED)) {
+    bool old_mark_carries_bytes = (prep.flags & OLD_MARKED) && (prep.old_offset || prep.old_extra);
+    if (req.weight || old_mark_carries_bytes) {
         size_t new_offset = ddheap_mark_extra(0);
         size_t room = new_offset > prep.old_offset ? new_offset : prep.old_offset;
         prep.flags |= NEW_MARKED;

@@ -136,6 +136,12 @@ uint64_t ddheap_sample_decision(size_t size)
     }
     if (size == 0)
         return 0;
+#if DDHEAP_LIVE_HEAP
+    if (!ddheap_mark_thread_ready(t)) {
+        t->countdown = UINT64_MAX;
+        return 0;
+    }
+#endif
     if (t->countdown >= size) { /* no sample point inside this block */
         t->countdown -= size;
         return 0;
