@@ -127,6 +127,21 @@ DDHEAP_API bool dd_heap_profiler_attached(void);
  * For tests and benchmarks; the probes still fire into the void. */
 DDHEAP_API void dd_heap_simulate_tracer(bool attached);
 
+/* Whether the calling thread can sample, and if not, why
+ * (dd_heap_thread_sampling_status()). Only aarch64 builds with pointer
+ * tagging (docs/arm64.md) ever report PENDING, NO_TAGGED_ADDR or MTE. */
+enum dd_heap_thread_status {
+    DD_HEAP_THREAD_SAMPLING_READY = 0,   /* samples while a tracer is attached */
+    DD_HEAP_THREAD_SAMPLING_PENDING = 1, /* decided at its first sampling opportunity */
+    DD_HEAP_THREAD_SAMPLING_DISABLED = 2, /* DD_HEAP_SAMPLING_ENABLED turned it off */
+    DD_HEAP_THREAD_SAMPLING_NO_TAGGED_ADDR = 3, /* the kernel refused tagged addresses */
+    DD_HEAP_THREAD_SAMPLING_MTE = 4,     /* MTE tag checks are on: a tag would fault */
+};
+
+/* One of enum dd_heap_thread_status for the calling thread. A thread that
+ * reports NO_TAGGED_ADDR or MTE never samples; its frees still work. */
+DDHEAP_API int dd_heap_thread_sampling_status(void);
+
 /* Realloc, in two halves around the caller's own realloc: see the usage
  * comment above and docs/realloc.md. realloc(NULL, n) allocates n;
  * new_size 0 with a non-NULL block is a free of that block (glibc's

@@ -44,11 +44,21 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported);
  * TBI: the kernel must accept tagged pointers from it). Called before every
  * sampling decision; a thread that cannot mark never samples. */
 bool ddheap_mark_thread_ready(struct ddheap__thread *t);
+/* What ddheap_mark_thread_ready() decided (or will decide) for `t`, as an
+ * enum dd_heap_thread_status; READY in schemes that need nothing per thread. */
+int ddheap_mark_thread_status(const struct ddheap__thread *t);
 /* Whether `user` is a marked block, changing nothing. */
 bool ddheap_mark_lookup(void *user, struct ddheap_mark *out);
 /* Removes the mark of `user` (header zeroed, table slot freed, tag
  * forgotten) and returns what lookup would have; false if not marked. */
 bool ddheap_unmark(void *user, struct ddheap_mark *out);
+
+#if DDHEAP_MARK_TBI
+/* mark_tbi.c, from ddheap_process_init(): binds prctl before any cold path
+ * needs it and, when sampling is enabled, turns tagged addresses on for the
+ * loading thread, so the threads it creates later inherit them. */
+void ddheap_tbi_process_init(bool sampling_enabled);
+#endif
 
 /* --- mark_table.c: marks for user pointers in the first 16 bytes of a page --- */
 bool ddheap_table_insert(uintptr_t user, uint64_t meta);

@@ -75,6 +75,18 @@ bool ddheap_mark_thread_ready(struct ddheap__thread *t)
     return true;
 }
 
+int ddheap_mark_thread_status(const struct ddheap__thread *t)
+{
+    (void)t;
+    return DD_HEAP_THREAD_SAMPLING_READY;
+}
+
+/* Headers need nothing from the kernel: there is no tagging to fail. */
+void ddheap_test_fail_tagging(bool fail)
+{
+    (void)fail;
+}
+
 /* A header that passed the keyed check also has to make sense; anything
  * else is treated as unmarked (the pointer goes to the real free as is). */
 static bool plausible_header_meta(uint64_t meta)

@@ -63,6 +63,9 @@ void ddheap_process_init(void)
     int saved = errno; /* binds __errno_location */
     ddheap_ensure_keys(); /* binds getauxval */
     read_config_once();   /* binds getenv, write */
+#if DDHEAP_MARK_TBI && DDHEAP_LIVE_HEAP
+    ddheap_tbi_process_init(__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)); /* binds prctl */
+#endif
     errno = saved;
 }
 
@@ -230,6 +233,18 @@ uint64_t dd_get_default_sampling_interval(void)
 {
     read_config_once();
     return __atomic_load_n(&config.interval, __ATOMIC_RELAXED);
+}
+
+int dd_heap_thread_sampling_status(void)
+{
+    read_config_once();
+    if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED))
+        return DD_HEAP_THREAD_SAMPLING_DISABLED;
+#if DDHEAP_LIVE_HEAP
+    return ddheap_mark_thread_status(&ddheap__thread_state);
+#else
+    return DD_HEAP_THREAD_SAMPLING_READY; /* nothing is marked: nothing to refuse */
+#endif
 }
 
 /* --- test hooks (ddheap/testing.h) --- */

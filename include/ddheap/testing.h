@@ -62,6 +62,15 @@ DDHEAP_API void ddheap_test_reload_config(void);
 /* Number of marked blocks live in the process (all copies of ddheap). */
 DDHEAP_API uint64_t ddheap_test_live_marked(void);
 
+/* aarch64 pointer tagging: forgets whether the calling thread enabled
+ * tagged addresses, so its next sampling opportunity asks the kernel again;
+ * with `fail` that request behaves as if prctl had failed (the thread then
+ * reports DD_HEAP_THREAD_SAMPLING_NO_TAGGED_ADDR and never samples). A
+ * thread that was refused waits with a full countdown: reseed it
+ * (ddheap_test_seed_thread) to reach a sampling opportunity again. No
+ * effect in builds that mark with headers. */
+DDHEAP_API void ddheap_test_fail_tagging(bool fail);
+
 #ifdef __cplusplus
 }
 #endif
