@@ -1,0 +1,321 @@
+/*
+ * realloc.c: the prepare/commit pair (docs/realloc.md).
+ *
+ * Every combination of {old block sampled, not} x {new block sampled, not}
+ * x {real realloc moves, grows in place} x {grow, shrink}: contents kept up
+ * to min(old, new), the exact probe sequence, exact sizes back on a sized
+ * free of the result, and nothing leaked. Then the real realloc failing,
+ * realloc(NULL, n), realloc(p, 0), over-aligned old blocks, and a
+ * statistical check that a realloc-only workload is estimated without bias.
+ */
+#include "internal.h"
+#include "mark.h"
+#include "fake_alloc.h"
+
+#include <math.h>
+#include <stdio.h>
+
+static void fill(void *p, size_t n, unsigned seed)
+{
+    unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        c[i] = (unsigned char)(seed * 131 + i * 7 + (i >> 8));
+}
+
+static void check_fill(const void *p, size_t n, unsigned seed)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        if (c[i] != (unsigned char)(seed * 131 + i * 7 + (i >> 8)))
+            fail_msg("content lost at byte %zu of %zu", i, n);
+}
+
+/* Sampled or not, by switching the simulated tracer (R stays 1). */
+static void sampling(bool on)
+{
+    bool attached = dd_heap_profiler_attached();
+    if (on != attached)
+        dd_heap_simulate_tracer(on);
+}
+
+static void expect_event(size_t i, dd_probe_kind_t kind, const void *ptr, const void *new_ptr,
+                         uint64_t size, uint64_t weight)
+{
+    assert_true(i < rec.n);
+    const dd_probe_event_t *e = &rec.ev[i];
+    assert_int_equal(e->kind, kind);
+    assert_int_equal(e->ptr, (uintptr_t)ptr);
+    if (kind == DD_PROBE_REALLOC)
+        assert_int_equal(e->new_ptr, (uintptr_t)new_ptr);
+    if (kind != DD_PROBE_FREE) {
+        assert_int_equal(e->size, size);
+        assert_int_equal(e->weight, weight);
+    }
+}
+
+static void one_case(enum fake_realloc_mode mode, bool old_sampled, bool new_sampled,
+                     size_t old_size, size_t new_size)
+{
+    tracer_on(1);
+    fake.realloc_mode = mode;
+    sampling(old_sampled);
+    char *old = t_malloc(old_size);
+    assert_non_null(old);
+    fill(old, old_size, 3);
+    rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
+
+    sampling(new_sampled);
+    size_t allocs_before = fake.allocs;
+    char *fresh = t_realloc(old, new_size);
+    assert_non_null(fresh);
+    if (mode == FAKE_REALLOC_IN_PLACE) /* really grown or shrunk in place */
+        assert_int_equal(fake.allocs, allocs_before);
+    check_fill(fresh, old_size < new_size ? old_size : new_size, 3);
+
+    size_t i = 0;
+    if (old_sampled)
+        expect_event(i++, DD_PROBE_FREE, old, NULL, 0, 0);
+    if (new_sampled)
+        expect_event(i++, DD_PROBE_ALLOC, fresh, NULL, new_size, new_size);
+    if (old_sampled || new_sampled)
+        expect_event(i++, DD_PROBE_REALLOC, old, fresh, new_size, new_sampled ? new_size : 0);
+    assert_int_equal(rec.n, i);
+
+    rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
+    sampling(false);
+    t_free_sized(fresh, new_size, 0); /* the fake asserts the exact size */
+    assert_int_equal(rec.frees, new_sampled ? 1 : 0);
+    assert_int_equal(fake.live, 0);
+    assert_int_equal(ddheap_test_live_marked(), 0);
+    tracer_off();
+}
+
+static void test_all_combinations(void **state)
+{
+    (void)state;
+    enum fake_realloc_mode modes[] = {FAKE_REALLOC_MOVE, FAKE_REALLOC_IN_PLACE};
+    size_t sizes[][2] = {{100, 1000}, {1000, 100}, {100, 100}, {24, 25}, {3000, 17}};
+    for (size_t m = 0; m < 2; m++)
+        for (int old_s = 0; old_s < 2; old_s++)
+            for (int new_s = 0; new_s < 2; new_s++)
+                for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+                    one_case(modes[m], old_s, new_s, sizes[k][0], sizes[k][1]);
+}
+
+/* The real realloc fails: the old block is exactly as before. */
+static void test_failed_realloc_keeps_old_block(void **state)
+{
+    (void)state;
+    for (int old_s = 0; old_s < 2; old_s++) {
+        tracer_on(1);
+        sampling(old_s);
+        char *old = t_malloc(300);
+        fill(old, 300, 9);
+        uint64_t marked = ddheap_test_live_marked();
+        rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
+
+        fake.realloc_mode = FAKE_REALLOC_FAIL;
+        sampling(true);
+        assert_null(t_realloc(old, 5000));
+        assert_int_equal(rec.n, 0); /* nothing reported */
+        assert_int_equal(ddheap_test_live_marked(), marked);
+        check_fill(old, 300, 9);
+
+        t_free_sized(old, 300, 0); /* still recognised: raw and size recovered */
+        assert_int_equal(rec.frees, old_s ? 1 : 0);
+        assert_int_equal(fake.live, 0);
+        assert_int_equal(ddheap_test_live_marked(), 0);
+        tracer_off();
+    }
+}
+
+static void test_realloc_null_allocates(void **state)
+{
+    (void)state;
+    tracer_on(1);
+    char *p = t_realloc(NULL, 77);
+    assert_non_null(p);
+    expect_event(0, DD_PROBE_ALLOC, p, NULL, 77, 77);
+    expect_event(1, DD_PROBE_REALLOC, NULL, p, 77, 77);
+    assert_int_equal(rec.n, 2);
+    t_free_sized(p, 77, 0);
+    /* realloc(NULL, 0): an allocation of 0 bytes, never sampled */
+    rec.n = 0;
+    void *z = t_realloc(NULL, 0);
+    assert_int_equal(rec.n, 0);
+    t_free(z);
+    assert_int_equal(fake.live, 0);
+    tracer_off();
+}
+
+/* realloc(p, 0) frees p (glibc semantics, which the fake follows). */
+static void test_realloc_to_zero_frees(void **state)
+{
+    (void)state;
+    for (int old_s = 0; old_s < 2; old_s++) {
+        tracer_on(1);
+        sampling(old_s);
+        char *p = t_malloc(64);
+        rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
+        assert_null(t_realloc(p, 0));
+        assert_int_equal(rec.frees, old_s ? 1 : 0);
+        assert_int_equal(rec.allocs, 0);
+        assert_int_equal(fake.live, 0);
+        assert_int_equal(ddheap_test_live_marked(), 0);
+        tracer_off();
+    }
+}
+
+/* Old blocks aligned beyond 16 (header further in) and page-aligned ones
+ * (table, no header): the new block's bytes and size still come out right,
+ * in both realloc modes. */
+static void test_realloc_of_aligned_blocks(void **state)
+{
+    (void)state;
+    size_t aligns[] = {64, 2048, 4096, 65536};
+    for (size_t a = 0; a < sizeof aligns / sizeof *aligns; a++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int new_s = 0; new_s < 2; new_s++) {
+                tracer_on(1);
+                fake.realloc_mode = mode ? FAKE_REALLOC_IN_PLACE : FAKE_REALLOC_MOVE;
+                char *p = t_aligned(aligns[a], 1000);
+                assert_true((uintptr_t)p % aligns[a] == 0);
+                fill(p, 1000, 5);
+                sampling(new_s);
+                char *q = t_realloc(p, 1500);
+                check_fill(q, 1000, 5);
+                sampling(true);
+                q = t_realloc(q, 700);
+                check_fill(q, 700, 5);
+                t_free_sized(q, 700, 0);
+                assert_int_equal(fake.live, 0);
+                assert_int_equal(ddheap_test_live_marked(), 0);
+                tracer_off();
+            }
+}
+
+/* --- statistical: a workload that grows buffers only with realloc --- */
+
+#define MAP_SLOTS (1u << 16)
+static struct {
+    uintptr_t ptr;
+    uint64_t weight;
+} live_map[MAP_SLOTS];
+static double est_allocated;
+static uint64_t est_samples;
+
+static size_t map_slot(uintptr_t p)
+{
+    size_t i = (size_t)((p >> 4) * UINT64_C(0x9e3779b97f4a7c15) >> 48);
+    while (live_map[i].ptr != 0 && live_map[i].ptr != p)
+        i = (i + 1) & (MAP_SLOTS - 1);
+    return i;
+}
+
+static void map_remove(uintptr_t p)
+{
+    size_t i = map_slot(p);
+    assert_int_equal(live_map[i].ptr, p); /* every free follows its alloc */
+    live_map[i].ptr = 0;
+    /* re-insert the rest of the cluster (linear probing deletion) */
+    for (size_t j = (i + 1) & (MAP_SLOTS - 1); live_map[j].ptr; j = (j + 1) & (MAP_SLOTS - 1)) {
+        uintptr_t q = live_map[j].ptr;
+        uint64_t w = live_map[j].weight;
+        live_map[j].ptr = 0;
+        size_t k = map_slot(q);
+        live_map[k].ptr = q;
+        live_map[k].weight = w;
+    }
+}
+
+static void profile_hook(const dd_probe_event_t *ev, void *ctx)
+{
+    (void)ctx;
+    if (ev->kind == DD_PROBE_ALLOC) {
+        size_t i = map_slot(ev->ptr);
+        assert_int_equal(live_map[i].ptr, 0);
+        live_map[i].ptr = ev->ptr;
+        live_map[i].weight = ev->weight;
+        est_allocated += (double)ev->weight;
+        est_samples++;
+    } else if (ev->kind == DD_PROBE_FREE) {
+        map_remove(ev->ptr);
+    }
+}
+
+static double block_variance(double size, double interval)
+{
+    double p = -expm1(-size / interval);
+    return size * size * (1 - p) / p;
+}
+
+static void test_realloc_growth_unbiased(void **state)
+{
+    (void)state;
+    const double interval = 4096;
+    const int buffers = 1000;
+    fake_reset();
+    memset(live_map, 0, sizeof live_map);
+    est_allocated = 0;
+    est_samples = 0;
+    ddheap_test_set_probe_hook(profile_hook, NULL);
+    dd_heap_simulate_tracer(true);
+    dd_set_default_sampling_interval((uint64_t)interval);
+    ddheap_test_seed_thread(2024);
+
+    static char *kept[1000];
+    static size_t kept_size[1000];
+    double true_allocated = 0, var_allocated = 0, true_live = 0, var_live = 0;
+    for (int b = 0; b < buffers; b++) {
+        size_t final = (size_t)16 << (b % 17); /* 16 B .. 1 MiB */
+        char *p = NULL;
+        for (size_t size = 16; size <= final; size *= 2) {
+            p = t_realloc(p, size);
+            assert_non_null(p);
+            p[size - 1] = (char)size; /* touch the new end */
+            true_allocated += (double)size;
+            var_allocated += block_variance((double)size, interval);
+        }
+        if (b % 3 == 0) { /* freed */
+            t_free(p);
+        } else {
+            kept[b] = p;
+            kept_size[b] = final;
+            true_live += (double)final;
+            var_live += block_variance((double)final, interval);
+        }
+    }
+    double est_live = 0;
+    for (size_t i = 0; i < MAP_SLOTS; i++)
+        if (live_map[i].ptr)
+            est_live += (double)live_map[i].weight;
+
+    print_message("allocated: estimate %.0f, truth %.0f, 5 sd %.0f\n", est_allocated,
+                  true_allocated, 5 * sqrt(var_allocated));
+    print_message("live:      estimate %.0f, truth %.0f, 5 sd %.0f\n", est_live, true_live,
+                  5 * sqrt(var_live));
+    /* each weight is rounded to a whole byte: at most 1/2 per sample */
+    double rounding = 0.5 * (double)est_samples + 1;
+    assert_true(fabs(est_allocated - true_allocated) <= 5 * sqrt(var_allocated) + rounding);
+    assert_true(fabs(est_live - true_live) <= 5 * sqrt(var_live) + rounding);
+
+    for (int b = 0; b < buffers; b++)
+        if (kept[b])
+            t_free_sized(kept[b], kept_size[b], 0);
+    assert_int_equal(fake.live, 0);
+    assert_int_equal(ddheap_test_live_marked(), 0);
+    tracer_off();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_all_combinations),
+        cmocka_unit_test(test_failed_realloc_keeps_old_block),
+        cmocka_unit_test(test_realloc_null_allocates),
+        cmocka_unit_test(test_realloc_to_zero_frees),
+        cmocka_unit_test(test_realloc_of_aligned_blocks),
+        cmocka_unit_test(test_realloc_growth_unbiased),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
