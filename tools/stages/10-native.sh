@@ -1,9 +1,19 @@
 # Native (x86-64) build in the default (debug) and release build types:
-# the whole meson test suite, tracer tests included (they need root).
+# the whole meson test suite, tracer tests included (they need root). Then
+# the non-default build options, against the tests that state their
+# behaviour (suite 'options').
 set -euo pipefail
+setup() { # dir, options...
+  local dir=$1; shift
+  rm -rf "$dir"
+  meson setup "$dir" "$@" >/dev/null
+  meson compile -C "$dir" >/dev/null
+}
 for buildtype in debug release; do
   dir=build-ci/native-$buildtype
-  meson setup --wipe "$dir" -Dbuildtype=$buildtype >/dev/null 2>&1 || meson setup "$dir" -Dbuildtype=$buildtype
-  meson compile -C "$dir"
+  setup "$dir" -Dbuildtype=$buildtype
   meson test -C "$dir" --print-errorlogs --num-processes 2
 done
+dir=build-ci/native-nolive-otel
+setup "$dir" -Dlive_heap=false -Dproviders=otel_memory -Dbench=false -Dexamples=false
+meson test -C "$dir" --print-errorlogs --suite options
