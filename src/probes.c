@@ -92,8 +92,13 @@ static void call_hook(dd_probe_kind_t kind, uintptr_t ptr, uintptr_t new_ptr, ui
     }
 }
 
-/* noinline + noclone: one expansion each, in a function of its own. */
+/* noinline (+ noclone for GCC, whose IPA could otherwise specialise a copy
+ * with the probe inside): one expansion each, in a function of its own. */
+#if defined(__clang__)
+#define DDHEAP_PROBE_FN __attribute__((noinline, used))
+#else
 #define DDHEAP_PROBE_FN __attribute__((noinline, noclone, used))
+#endif
 
 DDHEAP_PROBE_FN void ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight)
 {
