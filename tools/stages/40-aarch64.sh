@@ -1,0 +1,52 @@
+# aarch64 under qemu-user: the whole suite except 'tracer' (bpftrace cannot
+# trace a program that qemu-aarch64 runs: the uprobes would land in qemu's
+# own code) in both marking schemes, pointer tag (the default on aarch64)
+# and header, so a change to either scheme or to the shared core is tested
+# on the architecture it was written for. The TBI build also runs in the
+# release build type: the probe notes and the inlined fast path must hold
+# at -O2 as well as at -O0. Benchmarks are not built: timings under
+# emulation mean nothing. Every variant runs even if one fails, so one CI
+# run shows all of them; the stage fails if any did. See docs/arm64.md.
+#
+# Needs what tools/install-deps installs (the cross compiler, qemu-user,
+# libcmocka-dev:arm64, systemtap-sdt-dev:arm64). DDHEAP_BUILD_ROOT moves
+# the build directories (default build-ci/).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+root=${DDHEAP_BUILD_ROOT:-build-ci}
+cross=cross/aarch64-linux.meson
+summary=()
+failed=0
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+seconds() { printf '%d.%d s' $(($1 / 1000)) $(($1 % 1000 / 100)); }
+
+for variant in tbi-debug tbi-release header-debug; do
+  marking=${variant%-*}
+  buildtype=${variant#*-}
+  dir=$root/aarch64-$variant
+  args=(--cross-file "$cross" -Dbuildtype="$buildtype" -Darm64_marking="$marking" -Dbench=false)
+  start=$(now_ms)
+  result=passed
+  # --wipe keeps a reused directory from carrying stale options; a fresh
+  # one cannot be wiped, hence the plain setup as the fallback.
+  if { meson setup --wipe "$dir" "${args[@]}" >/dev/null 2>&1 || meson setup "$dir" "${args[@]}"; } &&
+     meson compile -C "$dir"; then
+    built=$(now_ms)
+    # qemu runs tests several times slower than native: the multiplier
+    # keeps per-test timeouts about the work, not about the emulator.
+    meson test -C "$dir" --no-suite tracer --print-errorlogs --num-processes 2 \
+      --timeout-multiplier 4 || result=FAILED
+  else
+    built=$(now_ms)
+    result="FAILED to build"
+  fi
+  end=$(now_ms)
+  [ "$result" = passed ] || failed=1
+  summary+=("$(printf 'aarch64 %-13s %-15s build %s, tests %s' "$variant" "$result" \
+    "$(seconds $((built - start)))" "$(seconds $((end - built)))")")
+  echo "=== ${summary[-1]}"
+done
+printf '=== %s\n' "${summary[@]}"
+exit $failed
