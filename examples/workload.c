@@ -25,9 +25,9 @@
  *                   no tracer is attached (polls dd_heap_profiler_attached),
  *                   then check and free everything
  *   --hold=stdin    the same, but wait for a line on stdin
- *   --linger        after the truth, wait until no tracer is attached and
- *                   exit with the kept blocks still live (a tracer can print
- *                   symbolised stacks while the process is alive)
+ *   --linger=detach|stdin  after the truth, wait the same way, then exit
+ *                   with the kept blocks still live (a tracer symbolises
+ *                   stacks by reading the live process: it must print first)
  *   --pre=N         before --go, allocate N blocks (kept until the end)
  *
  * Output: progress lines start with "workload:"; the truth (stdout, or the
@@ -128,13 +128,13 @@ static struct {
     unsigned pre;
     bool go;
     bool require_attached;
-    bool linger;
+    const char *linger; /* NULL, "detach" or "stdin" */
     bool seeded;
     uint64_t seed;
     const char *hold; /* NULL, "detach" or "stdin" */
     const char *truth_path;
     unsigned timeout_s;
-} opt = {2, 200, 0, false, false, false, false, 0, NULL, NULL, 120};
+} opt = {2, 200, 0, false, false, NULL, false, 0, NULL, NULL, 120};
 
 static void fail(int code, const char *what)
 {
@@ -382,6 +382,16 @@ static void worker_round(struct worker *w)
     site_index_nodes(w);
 }
 
+/* Workers stay alive until main lets them go: bpftrace 0.17 symbolises a
+ * stack only when it prints it, through /proc/<tid> of the thread that
+ * took it, so a thread that has exited by then leaves raw addresses. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    unsigned finished;
+    bool released;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, false};
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
@@ -393,7 +403,31 @@ static void *worker_main(void *arg)
         if (marked > w->marked_max)
             w->marked_max = marked;
     }
+    pthread_mutex_lock(&gate.lock);
+    gate.finished++;
+    pthread_cond_broadcast(&gate.changed);
+    while (!gate.released)
+        pthread_cond_wait(&gate.changed, &gate.lock);
+    pthread_mutex_unlock(&gate.lock);
     return NULL;
+}
+
+static void wait_workers_finished(void)
+{
+    pthread_mutex_lock(&gate.lock);
+    while (gate.finished < opt.threads)
+        pthread_cond_wait(&gate.changed, &gate.lock);
+    pthread_mutex_unlock(&gate.lock);
+}
+
+static void release_workers(struct worker *workers)
+{
+    pthread_mutex_lock(&gate.lock);
+    gate.released = true;
+    pthread_cond_broadcast(&gate.changed);
+    pthread_mutex_unlock(&gate.lock);
+    for (unsigned t = 0; t < opt.threads; t++)
+        pthread_join(workers[t].thread, NULL);
 }
 
 static void sleep_ms(unsigned ms)
@@ -419,6 +453,14 @@ static void wait_detached(void)
             fail(3, "timed out waiting for the tracer to detach");
         sleep_ms(10);
     }
+}
+
+static void wait_for(const char *mode)
+{
+    if (strcmp(mode, "stdin") == 0)
+        wait_line("stdin closed before the release line");
+    else
+        wait_detached();
 }
 
 static void print_truth(FILE *out, struct worker *workers, uint64_t marked_max,
@@ -479,7 +521,8 @@ static unsigned parse_uint(const char *text, const char *name)
 static void usage(void)
 {
     fputs("usage: workload [--threads=N] [--rounds=N] [--seed=N] [--pre=N] [--go]\n"
-          "                [--require-attached] [--hold=detach|stdin] [--linger]\n"
+          "                [--require-attached] [--hold=detach|stdin]\n"
+          "                [--linger=detach|stdin]\n"
           "                [--truth=FILE] [--timeout=SECONDS]\n",
           stderr);
     exit(2);
@@ -511,8 +554,8 @@ static void parse_args(int argc, char **argv)
             opt.go = true;
         else if (IS("--require-attached") && !eq)
             opt.require_attached = true;
-        else if (IS("--linger") && !eq)
-            opt.linger = true;
+        else if (IS("--linger") && eq && (strcmp(v, "detach") == 0 || strcmp(v, "stdin") == 0))
+            opt.linger = v;
         else
             usage();
 #undef IS
@@ -547,8 +590,8 @@ int main(int argc, char **argv)
             fail(2, "pthread_create failed");
     uint64_t marked_max = 0;
     unsigned long corrupt = 0;
+    wait_workers_finished();
     for (unsigned t = 0; t < opt.threads; t++) {
-        pthread_join(workers[t].thread, NULL);
         if (workers[t].marked_max > marked_max)
             marked_max = workers[t].marked_max;
         corrupt += workers[t].corrupt;
@@ -563,12 +606,8 @@ int main(int argc, char **argv)
     printf("workload: done corrupt=%lu\n", corrupt);
 
     if (opt.hold) {
-        uint64_t held = ddheap_test_live_marked();
-        printf("workload: holding marked=%" PRIu64 "\n", held);
-        if (strcmp(opt.hold, "stdin") == 0)
-            wait_line("stdin closed before the release line");
-        else
-            wait_detached();
+        printf("workload: holding marked=%" PRIu64 "\n", ddheap_test_live_marked());
+        wait_for(opt.hold);
         /* Free everything, the pre-attach blocks included, checking every
          * byte: blocks sampled while the tracer was attached must still be
          * recognised and released to their real allocator. */
@@ -583,8 +622,10 @@ int main(int argc, char **argv)
         printf("workload: freed marked=%" PRIu64 " corrupt=%lu attached=%d\n",
                ddheap_test_live_marked(), corrupt, dd_heap_profiler_attached());
     } else if (opt.linger) {
-        wait_detached();
+        printf("workload: lingering marked=%" PRIu64 "\n", ddheap_test_live_marked());
+        wait_for(opt.linger);
     }
+    release_workers(workers);
     printf("workload: exit\n");
     return corrupt ? 4 : 0;
 }
