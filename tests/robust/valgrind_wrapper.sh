@@ -1,0 +1,17 @@
+#!/bin/sh
+# exe_wrapper of the 'valgrind' test setup (tests/meson.build): runs a test
+# under valgrind memcheck when it is a compiled program, and as is when it
+# is a driver script (python, meson), whose interpreter is not ours to
+# check. Any memcheck error or definite/indirect leak fails the test.
+#
+# Extra valgrind flags come from DDHEAP_VALGRIND_FLAGS (space separated).
+first=$(head -c 4 "$1" 2>/dev/null | od -An -c | tr -d ' ')
+if [ "$first" = '177ELF' ]; then
+  # shellcheck disable=SC2086
+  exec valgrind --tool=memcheck --error-exitcode=99 --exit-on-first-error=no \
+    --leak-check=full --show-leak-kinds=definite,indirect \
+    --errors-for-leak-kinds=definite,indirect \
+    --suppressions="$(dirname "$0")/valgrind.supp" \
+    $DDHEAP_VALGRIND_FLAGS "$@"
+fi
+exec "$@"

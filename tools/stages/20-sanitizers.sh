@@ -1,0 +1,23 @@
+# The unit and stress suites under AddressSanitizer + UndefinedBehaviorSanitizer
+# (gcc) and under ThreadSanitizer (clang), each in its own build directory.
+# Any sanitizer report fails the test that produced it: ASan and TSan exit
+# non-zero on a report, and UBSan is told to halt on its first one.
+set -euo pipefail
+root=${DDHEAP_BUILD_ROOT:-build-ci}
+
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+run() { # name, CC, meson options...
+  local name=$1 compiler=$2
+  shift 2
+  local dir=$root/$name
+  CC=$compiler meson setup --wipe "$dir" "$@" >/dev/null 2>&1 || CC=$compiler meson setup "$dir" "$@"
+  meson compile -C "$dir"
+  meson test -C "$dir" --suite unit --suite stress --print-errorlogs --num-processes 2 \
+    --timeout-multiplier 3
+}
+
+run asan-ubsan gcc -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
+run tsan clang -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false -Dbench=false
