@@ -43,13 +43,15 @@ static inline uint64_t ddheap__check_word(uintptr_t user, uint64_t meta)
  * made sure `user` is not in the first 16 bytes of a page, so the read stays
  * within the page `user` points into and never faults. The read looks at
  * bytes that, for an unsampled block, belong to the allocator or to a
- * neighbouring object: address sanitizers are told not to check it (the
- * bytes are compared, never used, unless the keyed check passes). */
-#if defined(__SANITIZE_ADDRESS__)
-#define DDHEAP__NO_SANITIZE_ADDRESS __attribute__((no_sanitize_address))
+ * neighbouring object, which may be freed or being written by another
+ * thread: address and thread sanitizers are told not to check it (the
+ * bytes are compared, never used, unless the keyed check passes; a torn or
+ * stale value can only fail the check). The name stays for compatibility. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define DDHEAP__NO_SANITIZE_ADDRESS __attribute__((no_sanitize_address, no_sanitize_thread))
 #elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define DDHEAP__NO_SANITIZE_ADDRESS __attribute__((no_sanitize("address")))
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define DDHEAP__NO_SANITIZE_ADDRESS __attribute__((no_sanitize("address", "thread")))
 #endif
 #endif
 #ifndef DDHEAP__NO_SANITIZE_ADDRESS
