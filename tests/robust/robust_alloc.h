@@ -97,6 +97,12 @@ static inline void *ra_alloc(size_t size, size_t alignment)
         errno = ENOMEM;
         return NULL;
     }
+    /* posix_memalign's answer to a bad alignment, given here: sanitizer
+     * runtimes treat such a call as a bug of the caller and abort. */
+    if (alignment & (alignment - 1)) {
+        errno = EINVAL;
+        return NULL;
+    }
     void *raw = NULL, *map = NULL;
     size_t map_len = 0;
     if (alignment >= RA_MMAP_ALIGN) {
