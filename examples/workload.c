@@ -25,7 +25,8 @@
  *                   no tracer is attached (polls dd_heap_profiler_attached),
  *                   then check and free everything
  *   --hold=stdin    the same, but wait for a line on stdin
- *   --linger=detach|stdin  after the truth, wait the same way, then exit
+ *   --linger=detach|stdin  after the truth (and --hold's frees), wait the
+ *                   same way again, then exit
  *                   with the kept blocks still live (a tracer symbolises
  *                   stacks by reading the live process: it must print first)
  *   --pre=N         before --go, allocate N blocks (kept until the end)
@@ -621,7 +622,8 @@ int main(int argc, char **argv)
         }
         printf("workload: freed marked=%" PRIu64 " corrupt=%lu attached=%d\n",
                ddheap_test_live_marked(), corrupt, dd_heap_profiler_attached());
-    } else if (opt.linger) {
+    }
+    if (opt.linger) {
         printf("workload: lingering marked=%" PRIu64 "\n", ddheap_test_live_marked());
         wait_for(opt.linger);
     }

@@ -1,0 +1,273 @@
+"""Helpers for the tracer tests: run the workload, attach bpftrace to it in
+step with it, read its probe semaphores from outside, and parse what both
+print.
+
+Synchronisation never relies on sleeping for "long enough": the workload
+waits for a line on stdin before its traced phase, and the tests send it
+only after bpftrace has printed from its BEGIN probe, which bpftrace runs
+after every probe is attached. The workload's alloc semaphore alone is not
+enough: it is raised when the first uprobe is attached, possibly before the
+free probe is.
+"""
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+TIMEOUT = 60  # seconds for any single wait; a hang fails, it never blocks CI
+
+
+class Failure(Exception):
+    pass
+
+
+def require_root_and_bpftrace():
+    """Returns an exit code to use instead of running (77: skip), or None."""
+    if os.geteuid() != 0:
+        print("SKIP: the tracer tests attach bpftrace and need root "
+              "(CI runs them as root; run `sudo meson test --suite tracer`)")
+        return 77
+    if subprocess.run(["sh", "-c", "command -v bpftrace"], capture_output=True).returncode:
+        # Root but no bpftrace: a broken CI machine, never a skip.
+        raise Failure("bpftrace is not installed (tools/install-deps installs it)")
+    return None
+
+
+class Workload:
+    """The example workload, its stdout read line by line in the background."""
+
+    def __init__(self, binary, args, env=None):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen([binary] + args, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=full_env)
+        self.lines = []
+        self._queue = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.pid = self.proc.pid
+
+    def _pump(self):
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_line(self, prefix, timeout=TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Failure(f"workload: no line starting {prefix!r} within {timeout} s")
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                err = self.proc.stderr.read()
+                raise Failure(f"workload exited before printing {prefix!r}: {err.strip()}")
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def send(self, text="go"):
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def finish(self, timeout=TIMEOUT):
+        """Waits for exit; returns the exit code. Drains the rest of stdout."""
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise Failure("workload did not exit in time")
+        while True:
+            line = self._queue.get(timeout=TIMEOUT)
+            if line is None:
+                break
+            self.lines.append(line)
+        self.stderr = self.proc.stderr.read()
+        return rc
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Tracer:
+    """bpftrace attached to a running process with -p, output in a file."""
+
+    def __init__(self, script, positional, pid):
+        self.out = tempfile.NamedTemporaryFile(mode="w+", prefix="ddheap-bt-", suffix=".txt")
+        self.proc = subprocess.Popen(["bpftrace", script] + positional + ["-p", str(pid)],
+                                     stdout=self.out, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+
+    def text(self):
+        with open(self.out.name) as f:
+            return f.read()
+
+    def wait_ready(self, marker, timeout=TIMEOUT):
+        """Waits until BEGIN has printed `marker`: every probe is attached."""
+        deadline = time.monotonic() + timeout
+        while marker not in self.text():
+            if self.proc.poll() is not None:
+                raise Failure(f"bpftrace exited before attaching:\n{self.text()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise Failure(f"bpftrace not ready within {timeout} s:\n{self.text()}")
+            time.sleep(0.05)
+
+    def stop(self, timeout=TIMEOUT):
+        """Ctrl-C: bpftrace runs END, prints its maps, detaches, exits."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                raise Failure("bpftrace did not exit after SIGINT")
+        return self.text()
+
+
+def semaphores(binary):
+    """{(provider, probe): link-time address} from the binary's stapsdt notes."""
+    out = subprocess.run(["readelf", "-n", binary], capture_output=True, text=True,
+                         check=True).stdout
+    found = {}
+    provider = name = None
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("Provider:"):
+            provider = line.split()[1]
+        elif line.startswith("Name:"):
+            name = line.split()[1]
+        elif line.startswith("Location:"):
+            m = re.search(r"Semaphore: (0x[0-9a-f]+)", line)
+            if m:
+                found[(provider, name)] = int(m.group(1), 16)
+    if not found:
+        raise Failure(f"no stapsdt semaphores in {binary}")
+    return found
+
+
+def is_pie(binary):
+    out = subprocess.run(["readelf", "-h", binary], capture_output=True, text=True,
+                         check=True).stdout
+    return re.search(r"Type:\s+DYN", out) is not None
+
+
+def read_semaphores(pid, binary):
+    """Reads every probe semaphore of a live process from /proc/PID/mem:
+    what the kernel's uprobe reference counter (or bpftrace) has put there."""
+    base = 0
+    if is_pie(binary):
+        real = os.path.realpath(binary)
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                if len(fields) >= 6 and os.path.realpath(fields[5]) == real and \
+                        int(fields[2], 16) == 0:
+                    base = int(fields[0].split("-")[0], 16)
+                    break
+        if base == 0:
+            raise Failure(f"{binary} is not mapped in process {pid}")
+    values = {}
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        for key, addr in semaphores(binary).items():
+            mem.seek(base + addr)
+            values[key] = int.from_bytes(mem.read(2), "little")
+    return values
+
+
+def parse_truth(lines):
+    """The workload's ground truth: sites, per-size counts, totals, checks."""
+    truth = {"site": {}, "size": {}, "total": {}, "check": {}}
+    for line in lines:
+        f = line.split()
+        if not f:
+            continue
+        if f[0] == "site":
+            truth["site"][f[1]] = {f[i]: int(f[i + 1]) for i in range(2, len(f), 2)}
+        elif f[0] == "size":
+            truth["size"][(f[1], int(f[2]))] = {f[i]: int(f[i + 1]) for i in range(3, len(f), 2)}
+        elif f[0] in ("total", "check"):
+            truth[f[0]] = {f[i]: int(f[i + 1]) for i in range(1, len(f), 2)}
+    if not truth["site"] or not truth["total"]:
+        raise Failure("the workload printed no ground truth")
+    return truth
+
+
+def parse_maps(text):
+    """bpftrace's printed maps: {name: [(stack_frames or None, extra_key, value)]}.
+    Stack keys span lines:  @m[\\n  frame\\n  frame\\n, 24]: 5"""
+    maps = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = re.match(r"^@(\w*)\[$", line)
+        if m:
+            frames = []
+            i += 1
+            while i < len(lines):
+                end = re.match(r"^(?:, (.*))?\]: (-?\d+)$", lines[i])
+                if end:
+                    break
+                if lines[i].strip():
+                    frames.append(re.sub(r"\+\d+$", "", lines[i].strip()))
+                i += 1
+            if i == len(lines):
+                raise Failure(f"truncated map entry for @{m.group(1)}")
+            maps.setdefault(m.group(1), []).append((frames, end.group(1), int(end.group(2))))
+        i += 1
+    return maps
+
+
+def site_of(frames):
+    """The workload call site in a stack (innermost frame named site_*)."""
+    for f in frames:
+        if f.startswith("site_"):
+            return f.split(".")[0]  # a compiler suffix (.part.0) is not part of the name
+    return None
+
+
+def results(text):
+    """The scalar maps bpftrace printed at exit (`@name: value`), as a dict
+    that reads 0 for a counter that never fired (bpftrace prints no line)."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^@(\w+): (-?\d+)$", line)
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return Counters(out)
+
+
+class Counters(dict):
+    def __missing__(self, key):
+        return 0
+
+
+class Checker:
+    """Collects named checks; each prints one line; the caller reports."""
+
+    def __init__(self, name):
+        self.name = name
+        self.passed = 0
+        self.failed = 0
+
+    def check(self, ok, what):
+        print(f"{'ok' if ok else 'FAIL'} - {self.name}: {what}")
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        return ok
+
+    def equal(self, got, want, what):
+        return self.check(got == want, f"{what}: got {got}, want {want}")

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""The tracer suite: a real bpftrace attached to the real example workload,
+checked against the workload's own ground truth.
+
+    test_tracer.py TEST WORKLOAD TOOLS_DIR
+
+TEST is one of: no_tracer, exact, sampled, detach (one meson test each).
+Needs root (bpftrace); exits 77 (skipped) only when not root, and fails when
+root but bpftrace is missing. Ends with "N passed, N failed".
+"""
+
+import math
+import os
+import subprocess
+import sys
+
+import harness
+from harness import Checker, Failure, Tracer, Workload
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SITES = ["site_request_buffers", "site_grow_log", "site_cache_pages", "site_aligned_tiles",
+         "site_session_objects", "site_index_nodes"]
+
+
+def all_equal(c, values, want, what):
+    c.check(values and all(v == want for v in values.values()),
+            f"{what}: {sorted(values.items())} all == {want}")
+
+
+def test_no_tracer(c, workload, tools):
+    """No tracer: semaphores read 0 from outside, and with the interval at
+    1 byte (every allocation would be sampled if sampling ran) no block is
+    ever marked, before, during or after the workload's allocations."""
+    w = Workload(workload, ["--threads=2", "--rounds=50", "--pre=100", "--go", "--hold=stdin"],
+                 {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+    try:
+        w.wait_line("workload: pid=")
+        all_equal(c, harness.read_semaphores(w.pid, workload), 0, "semaphores before the run")
+        w.send("go")
+        held = w.wait_line("workload: holding")
+        all_equal(c, harness.read_semaphores(w.pid, workload), 0, "semaphores after the run")
+        truth = harness.parse_truth(w.lines)
+        c.equal(truth["check"]["attached_at_start"], 0, "dd_heap_profiler_attached() at start")
+        c.equal(truth["check"]["marked_max"], 0, "most marked blocks seen live by any worker")
+        c.equal(held, "workload: holding marked=0", "marked blocks while holding")
+        w.send("release")
+        c.equal(w.wait_line("workload: freed"), "workload: freed marked=0 corrupt=0 attached=0",
+                "after freeing everything")
+        c.equal(w.finish(), 0, "workload exit code")
+    finally:
+        w.kill()
+
+
+def test_exact(c, workload, tools):
+    """R = 1: every allocation reported with weight = size, every free
+    matches a live reported block, per call site and size the counts equal
+    the truth, the probe arguments sit in rdi/rsi/rdx/rcx, and the
+    otel_memory provider carries the same stream."""
+    w = Workload(workload, ["--threads=2", "--rounds=40", "--pre=50", "--go", "--hold=stdin",
+                            "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+    t = None
+    try:
+        w.wait_line("workload: pid=")
+        t = Tracer(os.path.join(HERE, "exact.bt"), [workload], w.pid)
+        t.wait_ready("READY")
+        w.send("go")
+        w.wait_line("workload: holding")
+        # Exactly the probes exact.bt attaches have their semaphore raised.
+        sem = harness.read_semaphores(w.pid, workload)
+        want = {k: 0 if k == ("otel_memory", "realloc") else 1 for k in sem}
+        c.equal(sem, want, "semaphores while attached")
+        w.send("release")  # frees every kept block, pre-attach ones included
+        c.equal(w.wait_line("workload: freed"), "workload: freed marked=0 corrupt=0 attached=1",
+                "after freeing everything with the tracer attached")
+        w.wait_line("workload: lingering")
+        out = t.stop()
+        w.send("exit")
+        c.equal(w.finish(), 0, "workload exit code")
+    finally:
+        w.kill()
+        if t:
+            t.stop()
+
+    truth = harness.parse_truth(w.lines)
+    r = harness.results(out)
+    if not c.check(r["allocs"] > 0, "bpftrace printed its counters"):
+        print(out)
+        return
+    n_alloc = sum(s["alloc_count"] for s in truth["site"].values())
+    n_realloc = sum(v["alloc_count"] for (site, size), v in truth["size"].items()
+                    if site == "site_grow_log" and size > 256)
+    c.equal(truth["check"]["attached_at_start"], 1, "tracer attached when the workload started")
+    c.equal(r["allocs"], n_alloc, "alloc events = allocations")
+    c.equal(r["alloc_bytes"], truth["total"]["alloc_bytes"], "sum of sizes = bytes allocated")
+    c.equal(r["weight_not_size"], 0, "events whose weight != size")
+    c.equal(r["frees"], n_alloc, "free events = allocations (all freed, pre-attach not reported)")
+    c.equal(r["unmatched_free"], 0, "frees without a prior alloc of the same pointer")
+    c.equal(r["alloc_of_live_ptr"], 0, "allocs of a pointer still live in the stream")
+    c.equal(r["freed_bytes"], r["alloc_bytes"], "bytes of matched frees = bytes allocated")
+    c.equal(r["reallocs"], n_realloc, "realloc events = reallocs")
+    c.equal(r["realloc_inconsistent"], 0, "realloc events disagreeing with alloc/free")
+    c.equal(r["reg_mismatch"], 0, "probe arguments not in rdi/rsi/rdx/rcx")
+    c.equal(r["reg_checked"], r["allocs"] + r["frees"] + r["reallocs"], "events checked")
+    c.equal((r["otel_allocs"], r["otel_alloc_bytes"], r["otel_frees"]),
+            (r["allocs"], r["alloc_bytes"], r["frees"]), "otel_memory stream = ddheap stream")
+
+    seen = {}
+    unattributed = 0
+    for frames, size, count in harness.parse_maps(out).get("by_stack_size", []):
+        site = harness.site_of(frames)
+        if site is None:
+            unattributed += count
+            continue
+        key = (site, int(size))
+        seen[key] = seen.get(key, 0) + count
+    c.equal(unattributed, 0, "alloc events whose stack names no call site")
+    want = {k: v["alloc_count"] for k, v in truth["size"].items()}
+    c.check(seen == want, f"alloc events per (call site, size) = truth "
+                          f"({len(want)} pairs; differing: "
+                          f"{sorted(set(seen.items()) ^ set(want.items()))[:6]})")
+
+
+def sigma(truth_sizes, site, field, interval):
+    """Standard deviation of a site's summed weights (DESIGN 3): a block of
+    S bytes is sampled with p = 1 - e^(-S/R) and then weighs S/p, so its
+    weight has variance S^2 (1-p)/p; blocks are independent."""
+    var = 0.0
+    for (s, size), v in truth_sizes.items():
+        if s == site and v[field]:
+            p = -math.expm1(-size / interval)
+            var += v[field] * size * size * (1 - p) / p
+    return math.sqrt(var)
+
+
+def per_site(maps, name):
+    sums = {}
+    for frames, _, value in maps.get(name, []):
+        site = harness.site_of(frames) or "?"
+        sums[site] = sums.get(site, 0) + value
+    return sums
+
+
+def test_sampled(c, workload, tools):
+    """R = 64 KiB over ~512 MiB: the shipped scripts' estimates (summed
+    weights) are within 5 standard deviations of the true bytes, overall
+    and per call site, allocated and live at the end; the top site by
+    estimated bytes is the one that truly allocates most. Seeds are fixed,
+    so a run is repeatable; 5 sigma is exceeded by chance with
+    probability < 1e-6 per check."""
+    interval = 65536
+    w = Workload(workload, ["--threads=2", "--rounds=2000", "--seed=20261129", "--go",
+                            "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": str(interval)})
+    tracers = []
+    try:
+        w.wait_line("workload: pid=")
+        # Both scripts at once: attaches nest (the semaphore counts 2).
+        for script in ("ddheap-alloc.bt", "ddheap-live.bt"):
+            tracers.append(Tracer(os.path.join(tools, script), [workload], w.pid))
+        tracers[0].wait_ready("ddheap-alloc: tracing")
+        tracers[1].wait_ready("ddheap-live: tracing")
+        # The kernel counts installed breakpoints, not tracers: 1 for both.
+        sem = harness.read_semaphores(w.pid, workload)
+        c.equal(sem[("ddheap", "alloc")], 1, "alloc semaphore with two tracers attached")
+        w.send("go")
+        w.wait_line("workload: lingering")
+        outs = [tracers[0].stop()]
+        # One tracer left: the other still holds the probe, sampling goes on.
+        sem = harness.read_semaphores(w.pid, workload)
+        c.equal(sem[("ddheap", "alloc")], 1, "alloc semaphore after one of two tracers left")
+        outs.append(tracers[1].stop())
+        w.send("exit")
+        c.equal(w.finish(), 0, "workload exit code (contents checked)")
+    finally:
+        w.kill()
+        for t in tracers:
+            t.stop()
+
+    truth = harness.parse_truth(w.lines)
+    alloc = per_site(harness.parse_maps(outs[0]), "bytes")
+    live = per_site(harness.parse_maps(outs[1]), "live_bytes")
+    c.equal(alloc.get("?", 0), 0, "estimated bytes whose stack names no call site")
+
+    def within(est, true, sd, what):
+        bound = 5 * sd
+        c.check(abs(est - true) <= bound,
+                f"{what}: estimated {est}, true {true}, |diff| {abs(est - true)} "
+                f"<= 5 sigma = {bound:.0f} ({100 * bound / max(true, 1):.1f}%)")
+
+    total_sd = math.sqrt(sum(sigma(truth["size"], s, "alloc_count", interval) ** 2 for s in SITES))
+    within(sum(alloc.values()), truth["total"]["alloc_bytes"], total_sd, "bytes allocated, all sites")
+    for site in SITES:
+        within(alloc.get(site, 0), truth["site"][site]["alloc_bytes"],
+               sigma(truth["size"], site, "alloc_count", interval), f"bytes allocated by {site}")
+    live_sd = math.sqrt(sum(sigma(truth["size"], s, "live_count", interval) ** 2 for s in SITES))
+    within(sum(v for k, v in live.items()), truth["total"]["live_bytes"], live_sd,
+           "bytes live at the end, all sites")
+    for site in SITES:
+        if truth["site"][site]["live_bytes"] or live.get(site):
+            within(live.get(site, 0), truth["site"][site]["live_bytes"],
+                   sigma(truth["size"], site, "live_count", interval), f"bytes live from {site}")
+
+    true_top = max(SITES, key=lambda s: truth["site"][s]["alloc_bytes"])
+    est_top = max(alloc, key=alloc.get)
+    c.equal(est_top, true_top, "top site of the allocation profile")
+
+    # The folded output of the same profile carries the same per-site sums.
+    folded = subprocess.run([os.path.join(tools, "ddheap-fold")], input=outs[0], text=True,
+                            capture_output=True, check=True).stdout
+    fsums = {}
+    for line in folded.splitlines():
+        stack, _, value = line.rpartition(" ")
+        site = next((f for f in stack.split(";") if f.startswith("site_")), "?")
+        fsums[site] = fsums.get(site, 0) + int(value)
+    c.equal(fsums, alloc, "ddheap-fold per-site sums = the profile's")
+
+
+def test_detach(c, workload, tools):
+    """Attach after the program allocated, detach while sampled blocks are
+    live, keep freeing: every block (pre-attach, sampled, unsampled) is
+    freed after the detach with its contents checked, every marked block
+    is recognised (the process-wide count of marked blocks returns to 0)
+    and nothing crashes. The tracer's count of live sampled blocks equals
+    the process's own count of marked blocks at the moment of the detach."""
+    w = Workload(workload, ["--threads=2", "--rounds=300", "--pre=2000", "--go", "--hold=detach"],
+                 {"DD_HEAP_SAMPLING_INTERVAL": "4096"})
+    t = None
+    try:
+        w.wait_line("workload: pid=")  # the --pre blocks are allocated by now
+        t = Tracer(os.path.join(tools, "ddheap-live.bt"), [workload], w.pid)
+        t.wait_ready("ddheap-live: tracing")
+        w.send("go")
+        held = w.wait_line("workload: holding")
+        marked = int(held.split("marked=")[1])
+        c.check(marked > 100, f"sampled blocks live at the detach: {marked} > 100")
+        out = t.stop()  # detaches; the workload sees it and frees everything
+        c.equal(w.wait_line("workload: freed"), "workload: freed marked=0 corrupt=0 attached=0",
+                "after freeing everything with no tracer")
+        c.equal(w.finish(), 0, "workload exit code")
+        all_gone = "ERROR" not in w.stderr and "dd_slab" not in w.stderr
+        c.check(all_gone, f"no allocator complaint on stderr: {w.stderr.strip()!r}")
+    finally:
+        w.kill()
+        if t:
+            t.stop()
+    c.equal(harness.results(out)["total_live_blocks"], marked,
+            "tracer's live sampled blocks = the process's marked blocks")
+
+
+TESTS = {"no_tracer": test_no_tracer, "exact": test_exact, "sampled": test_sampled,
+         "detach": test_detach}
+
+
+def main():
+    if len(sys.argv) != 4 or sys.argv[1] not in TESTS:
+        print(__doc__)
+        return 2
+    name, workload, tools = sys.argv[1:]
+    c = Checker(name)
+    try:
+        skip = harness.require_root_and_bpftrace()
+        if skip is not None:
+            return skip
+        TESTS[name](c, workload, tools)
+    except Failure as e:
+        c.check(False, str(e))
+    print(f"{c.passed} passed, {c.failed} failed")
+    return 1 if c.failed or not c.passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
