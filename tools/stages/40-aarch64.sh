@@ -4,9 +4,11 @@
 # and header, so a change to either scheme or to the shared core is tested
 # on the architecture it was written for. The TBI build also runs in the
 # release build type: the probe notes and the inlined fast path must hold
-# at -O2 as well as at -O0. Benchmarks are not built: timings under
-# emulation mean nothing. Every variant runs even if one fails, so one CI
-# run shows all of them; the stage fails if any did. See docs/arm64.md.
+# at -O2 as well as at -O0. Like the native stage, one more build turns the
+# options off (no live heap, one provider) and runs suite 'options'.
+# Benchmarks are not built: timings under emulation mean nothing. Every
+# variant runs even if one fails, so one CI run shows all of them; the
+# stage fails if any did. See docs/arm64.md.
 #
 # Needs what tools/install-deps installs (the cross compiler, qemu-user,
 # libcmocka-dev:arm64, systemtap-sdt-dev:arm64). DDHEAP_BUILD_ROOT moves
@@ -16,27 +18,41 @@ cd "$(dirname "$0")/../.."
 
 root=${DDHEAP_BUILD_ROOT:-build-ci}
 cross=cross/aarch64-linux.meson
+mkdir -p "$root"
 summary=()
 failed=0
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 seconds() { printf '%d.%d s' $(($1 / 1000)) $(($1 % 1000 / 100)); }
 
-for variant in tbi-debug tbi-release header-debug; do
-  marking=${variant%-*}
-  buildtype=${variant#*-}
+# name | meson options | meson test selection
+variants=(
+  "tbi-debug|-Dbuildtype=debug -Darm64_marking=tbi|--no-suite tracer"
+  "tbi-release|-Dbuildtype=release -Darm64_marking=tbi|--no-suite tracer"
+  "header-debug|-Dbuildtype=debug -Darm64_marking=header|--no-suite tracer"
+  "tbi-options|-Dbuildtype=debug -Darm64_marking=tbi -Dlive_heap=false -Dproviders=otel_memory|--suite options"
+)
+
+for spec in "${variants[@]}"; do
+  IFS='|' read -r variant options selection <<<"$spec"
   dir=$root/aarch64-$variant
-  args=(--cross-file "$cross" -Dbuildtype="$buildtype" -Darm64_marking="$marking" -Dbench=false)
+  # shellcheck disable=SC2206 # the option strings are split on purpose
+  args=(--cross-file "$cross" $options -Dbench=false)
   start=$(now_ms)
   result=passed
-  # --wipe keeps a reused directory from carrying stale options; a fresh
-  # one cannot be wiped, hence the plain setup as the fallback.
-  if { meson setup --wipe "$dir" "${args[@]}" >/dev/null 2>&1 || meson setup "$dir" "${args[@]}"; } &&
-     meson compile -C "$dir"; then
+  # --wipe keeps a reused directory from carrying stale options.
+  wipe=()
+  [ -d "$dir/meson-private" ] && wipe=(--wipe)
+  setup_log=$root/aarch64-$variant.setup.log
+  setup_ok=1
+  meson setup "${wipe[@]}" "$dir" "${args[@]}" >"$setup_log" 2>&1 || setup_ok=0
+  [ $setup_ok = 1 ] || tail -n 30 "$setup_log"
+  if [ $setup_ok = 1 ] && meson compile -C "$dir"; then
     built=$(now_ms)
-    # qemu runs tests several times slower than native: the multiplier
-    # keeps per-test timeouts about the work, not about the emulator.
-    meson test -C "$dir" --no-suite tracer --print-errorlogs --num-processes 2 \
+    # Emulation is slower than native: the multiplier keeps per-test
+    # timeouts about the work, not about the emulator.
+    # shellcheck disable=SC2086
+    meson test -C "$dir" $selection --print-errorlogs --num-processes 2 \
       --timeout-multiplier 4 || result=FAILED
   else
     built=$(now_ms)
