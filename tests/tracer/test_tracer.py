@@ -220,18 +220,23 @@ def test_detach(c, workload, tools):
     freed after the detach with its contents checked, every marked block
     is recognised (the process-wide count of marked blocks returns to 0)
     and nothing crashes. The tracer's count of live sampled blocks equals
-    the process's own count of marked blocks at the moment of the detach."""
+    the process's own count of marked blocks at the moment of the detach.
+    A second tracer checks the probe argument registers of both providers
+    while sizes and weights differ."""
     w = Workload(workload, ["--threads=2", "--rounds=300", "--pre=2000", "--go", "--hold=detach"],
                  {"DD_HEAP_SAMPLING_INTERVAL": "4096"})
-    t = None
+    t = regs = None
     try:
         w.wait_line("workload: pid=")  # the --pre blocks are allocated by now
         t = Tracer(os.path.join(tools, "ddheap-live.bt"), [workload], w.pid)
+        regs = Tracer(os.path.join(HERE, "regs.bt"), [workload], w.pid)
         t.wait_ready("ddheap-live: tracing")
+        regs.wait_ready("READY")
         w.send("go")
         held = w.wait_line("workload: holding")
         marked = int(held.split("marked=")[1])
         c.check(marked > 100, f"sampled blocks live at the detach: {marked} > 100")
+        regs_out = regs.stop()
         out = t.stop()  # detaches; the workload sees it and frees everything
         c.equal(w.wait_line("workload: freed"), "workload: freed marked=0 corrupt=0 attached=0",
                 "after freeing everything with no tracer")
@@ -240,8 +245,14 @@ def test_detach(c, workload, tools):
         c.check(all_gone, f"no allocator complaint on stderr: {w.stderr.strip()!r}")
     finally:
         w.kill()
-        if t:
-            t.stop()
+        for tracer in (t, regs):
+            if tracer:
+                tracer.stop()
+    r = harness.results(regs_out)
+    c.check(r["size_differs_from_weight"] > 100 and r["realloc_checked"] > 100,
+            f"register check saw alloc events with size != weight ({r['size_differs_from_weight']})"
+            f" and realloc events ({r['realloc_checked']})")
+    c.equal(r["mismatch"], 0, f"probe arguments not in rdi/rsi/rdx/rcx (of {r['checked']} events)")
     c.equal(harness.results(out)["total_live_blocks"], marked,
             "tracer's live sampled blocks = the process's marked blocks")
 
