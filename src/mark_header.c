@@ -21,6 +21,7 @@
 #include "mark.h"
 
 #include <ddheap/config.h>
+#include <errno.h>
 
 #if !DDHEAP_MARK_TBI
 
@@ -54,7 +55,13 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
 {
     uintptr_t user = (uintptr_t)raw + offset;
     uint64_t meta = ddheap_meta(offset, extra, reported);
-    ddheap_ensure_keys();
+    /* The keys are normally derived by the constructor; only an allocation
+     * made before it pays the call (getauxval may set errno). */
+    if (DDHEAP__UNLIKELY(!__atomic_load_n(&ddheap_shared_v1.keys_ready, __ATOMIC_ACQUIRE))) {
+        int saved_errno = errno;
+        ddheap_ensure_keys();
+        errno = saved_errno;
+    }
     if (on_page_start(user)) {
         if (!ddheap_table_insert(user, meta))
             return NULL;
