@@ -11,10 +11,17 @@
 #define _SDT_HAS_SEMAPHORES 1
 #include <sys/sdt.h>
 
+/* One expansion per probe, in a function of its own (clang never clones). */
+#if defined(__clang__)
+#define DD_BENCH_PROBE_FN __attribute__((noinline))
+#else
+#define DD_BENCH_PROBE_FN __attribute__((noinline, noclone))
+#endif
+
 __attribute__((section(".probes"))) unsigned short dd_bench_usual_semaphore;
 __attribute__((section(".probes"))) unsigned short dd_bench_nop5_semaphore;
 
-__attribute__((noinline, noclone)) void dd_bench_probe_usual(uint64_t a, uint64_t b, uint64_t c)
+DD_BENCH_PROBE_FN void dd_bench_probe_usual(uint64_t a, uint64_t b, uint64_t c)
 {
     STAP_PROBE3(dd_bench, usual, a, b, c);
 }
@@ -25,7 +32,7 @@ __attribute__((noinline, noclone)) void dd_bench_probe_usual(uint64_t a, uint64_
 #define _SDT_NOP .nops 5
 #endif
 
-__attribute__((noinline, noclone)) void dd_bench_probe_nop5(uint64_t a, uint64_t b, uint64_t c)
+DD_BENCH_PROBE_FN void dd_bench_probe_nop5(uint64_t a, uint64_t b, uint64_t c)
 {
     STAP_PROBE3(dd_bench, nop5, a, b, c);
 }
