@@ -51,16 +51,17 @@ double ddheap_exponential(uint64_t random_bits)
     return -log_unit(u);
 }
 
-/* e^r - 1 for |r| <= ln2/2, by its Taylor series to r^13 (the next term
- * is below 1e-17): no constant term, so no cancellation for small r. */
+/* e^r - 1 for |r| <= ln2/2: its Taylor series to r^13 (the next term is
+ * below 1e-17 relative), in Horner form with the 1/k! folded at compile
+ * time. No constant term, so no cancellation for small r. */
 static double expm1_reduced(double r)
 {
-    double sum = 0.0, term = r;
-    for (int k = 2; k <= 14; k++) {
-        sum += term;
-        term *= r / k;
-    }
-    return sum;
+    const double c2 = 1.0 / 2, c3 = c2 / 3, c4 = c3 / 4, c5 = c4 / 5, c6 = c5 / 6, c7 = c6 / 7;
+    const double c8 = c7 / 8, c9 = c8 / 9, c10 = c9 / 10, c11 = c10 / 11, c12 = c11 / 12;
+    const double c13 = c12 / 13;
+    double tail =
+        c8 + r * (c9 + r * (c10 + r * (c11 + r * (c12 + r * c13))));
+    return r * (1.0 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * (c7 + r * tail)))))));
 }
 
 double ddheap_one_minus_exp_neg(double x)
