@@ -8,8 +8,8 @@
  * step = max(alignment, 16) for alignments below a page, so the request
  * grows by step bytes and the user pointer keeps the alignment the real
  * allocator gave raw. meta holds the offset (step), the extra bytes (step)
- * and the reported bit; check = ((user ^ meta ^ key_xor) * key_mul), keyed
- * by the process secret, so neither forged nor copied bytes pass.
+ * and the reported bit; check = ddheap__check_word(user, meta) (fastpath.h),
+ * keyed by the process secret, so neither forged nor copied bytes pass.
  *
  * Page rule: a user pointer in the first 16 bytes of a page never carries a
  * readable header, so the free path can refuse such pointers without

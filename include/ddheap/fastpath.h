@@ -65,13 +65,19 @@ static inline int ddheap__nonzero64(const uint64_t *word)
 }
 #endif
 
-/* The keyed check word of a header at `user` carrying `meta`. The multiply
- * by a secret odd key spreads every input bit upwards, so without the keys
- * no byte pattern can be made to pass, and a header copied from another
- * block fails because the address differs. */
+/* The keyed check word of a header at `user` carrying `meta`. The address
+ * is mixed with the keys first; meta joins only after a multiply and a
+ * rotation. Were address and meta simply XORed together, a header copied
+ * from block x to y with meta ^= x ^ y would pass: a forgery that a slab
+ * neighbour can make from one leaked header (tests/fuzz/fuzz_forge.c).
+ * The multiply by a secret odd key spreads every bit upwards; the rotation
+ * brings the well-mixed high half down, so no bit of the result depends on
+ * low bits only, and without the keys no byte pattern can be made to pass. */
 static inline uint64_t ddheap__check_word(uintptr_t user, uint64_t meta)
 {
-    return ((uint64_t)user ^ meta ^ ddheap_shared_v1.key_xor) * ddheap_shared_v1.key_mul;
+    uint64_t a = ((uint64_t)user ^ ddheap_shared_v1.key_xor) * ddheap_shared_v1.key_mul;
+    a = (a >> 32 | a << 32) ^ meta;
+    return a * ddheap_shared_v1.key_mul;
 }
 
 /* Whether the 16 bytes before `user` hold a valid header. The caller has
