@@ -13,6 +13,7 @@ free probe is.
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -32,7 +33,7 @@ def require_root_and_bpftrace():
         print("SKIP: the tracer tests attach bpftrace and need root "
               "(CI runs them as root; run `sudo meson test --suite tracer`)")
         return 77
-    if subprocess.run(["sh", "-c", "command -v bpftrace"], capture_output=True).returncode:
+    if shutil.which("bpftrace") is None:
         # Root but no bpftrace: a broken CI machine, never a skip.
         raise Failure("bpftrace is not installed (tools/install-deps installs it)")
     return None
