@@ -4,7 +4,7 @@ checked against the workload's own ground truth.
 
     test_tracer.py TEST WORKLOAD TOOLS_DIR
 
-TEST is one of: no_tracer, exact, sampled, detach (one meson test each).
+TEST is one of: no_tracer, exact, sampled, detach, events (one meson test each).
 Needs root (bpftrace); exits 77 (skipped) only when not root, and fails when
 root but bpftrace is missing. Ends with "N passed, N failed".
 """
@@ -257,7 +257,56 @@ def test_detach(c, workload, tools):
             "tracer's live sampled blocks = the process's marked blocks")
 
 
-TESTS = {"no_tracer": test_no_tracer, "exact": test_exact, "sampled": test_sampled,
+def test_events(c, workload, tools):
+    """tools/ddheap-events.bt at R = 1 on a short run: one line per event,
+    as many alloc/free/realloc lines as the workload made allocations,
+    frees and reallocs, weight = size on every alloc, and per address as
+    many frees as allocs. (Text order across CPUs is not guaranteed, so
+    pairing is checked per address, not line by line.)"""
+    w = Workload(workload, ["--threads=2", "--rounds=5", "--go", "--hold=stdin",
+                            "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+    t = None
+    try:
+        w.wait_line("workload: pid=")
+        t = Tracer(os.path.join(tools, "ddheap-events.bt"), [workload], w.pid)
+        t.wait_ready("ddheap-events: tracing")
+        w.send("go")
+        w.wait_line("workload: holding")
+        w.send("release")
+        w.wait_line("workload: lingering")
+        out = t.stop()
+        w.send("exit")
+        c.equal(w.finish(), 0, "workload exit code")
+    finally:
+        w.kill()
+        if t:
+            t.stop()
+    c.check("Lost" not in out, "bpftrace lost no events")
+    truth = harness.parse_truth(w.lines)
+    n_alloc = sum(s["alloc_count"] for s in truth["site"].values())
+    n_realloc = sum(v["alloc_count"] for (site, size), v in truth["size"].items()
+                    if site == "site_grow_log" and size > 256)
+    balance = {}
+    kinds = {"alloc": 0, "free": 0, "realloc": 0}
+    bad_weight = 0
+    for line in out.splitlines():
+        f = line.split()
+        if not f or f[0] not in kinds:
+            continue
+        kinds[f[0]] += 1
+        fields = dict(x.split("=", 1) for x in f[1:])
+        if f[0] == "alloc":
+            balance[fields["ptr"]] = balance.get(fields["ptr"], 0) + 1
+            bad_weight += fields["size"] != fields["weight"]
+        elif f[0] == "free":
+            balance[fields["ptr"]] = balance.get(fields["ptr"], 0) - 1
+    c.equal(kinds, {"alloc": n_alloc, "free": n_alloc, "realloc": n_realloc},
+            "alloc/free/realloc lines")
+    c.equal(bad_weight, 0, "alloc lines with weight != size")
+    c.equal(sum(1 for v in balance.values() if v != 0), 0, "addresses with allocs != frees")
+
+
+TESTS = {"no_tracer": test_no_tracer, "events": test_events, "exact": test_exact, "sampled": test_sampled,
          "detach": test_detach}
 
 
