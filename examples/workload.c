@@ -10,6 +10,7 @@
  *   site_grow_log         libc malloc + realloc doubling, freed
  *   site_cache_pages      libc calloc, one in four kept
  *   site_aligned_tiles    posix_memalign / aligned_alloc, freed (sized)
+ *   site_pre_attach       (--pre) libc and slab, before any tracer, kept
  *   site_session_objects  slab, one in three kept
  *   site_index_nodes      slab, one in eight kept
  *
@@ -21,14 +22,15 @@
  * Synchronisation, so a test never depends on timing:
  *   --go            read one line from stdin before the traced phase
  *   --require-attached  fail unless a tracer is attached when it starts
+ *   --seed=N        fix each worker's sampling generator (N + worker index)
  *   --hold=detach   after the truth is printed, keep the kept blocks until
  *                   no tracer is attached (polls dd_heap_profiler_attached),
  *                   then check and free everything
  *   --hold=stdin    the same, but wait for a line on stdin
- *   --linger=detach|stdin  after the truth (and --hold's frees), wait the
- *                   same way again, then exit
- *                   with the kept blocks still live (a tracer symbolises
- *                   stacks by reading the live process: it must print first)
+ *   --linger=detach|stdin  after the truth (and --hold's frees), wait again,
+ *                   then exit with whatever is still kept live; worker
+ *                   threads stay alive until then (bpftrace symbolises
+ *                   stacks through the live threads: it must print first)
  *   --pre=N         before --go, allocate N blocks (kept until the end)
  *
  * Output: progress lines start with "workload:"; the truth (stdout, or the
