@@ -9,9 +9,12 @@
  * threads must never hold the same block, or one thread's sampled header
  * would be zeroed under the other's feet and the process-wide count of
  * marked blocks would never return to zero (every later free would then
- * take the header-reading path). It is 64-byte aligned, so a sampled
- * block's user pointer (raw + 16) never lands in the first 16 bytes of a
- * page, and holds the largest request made here (4096 + 16 bytes).
+ * take the header-reading path). Blocks start 64 bytes into a page-aligned
+ * buffer, so neither an unsampled block (raw) nor a sampled one (raw + 16)
+ * sits in the first 16 bytes of a page: a free then always takes the
+ * header test, as most frees do with glibc, instead of the cheaper
+ * page-start branch. The buffer holds the largest request made here
+ * (4096 + 16 bytes).
  */
 #include "bench.h"
 
@@ -26,8 +29,9 @@
 #define DD_BENCH_STR2(x) #x
 #define DD_BENCH_STR(x) DD_BENCH_STR2(x)
 
-static __thread _Alignas(64) unsigned char noop_arena[4096 + 64]
+static __thread _Alignas(4096) unsigned char noop_buffer[2 * 4096]
     __attribute__((tls_model("initial-exec")));
+#define noop_arena (noop_buffer + 64)
 
 static void *opaque(void *p)
 {
