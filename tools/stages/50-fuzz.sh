@@ -1,0 +1,41 @@
+# The libFuzzer targets (tests/fuzz/), built with clang, ASan and UBSan in
+# their own build directory, each run for a bounded number of executions
+# from the committed corpus (tests/fuzz/corpus/<target>/), which is only
+# read: new inputs go to a scratch directory. A crash, a leak, a sanitizer
+# report or a failed invariant stops the stage and leaves the input in
+# $dir/artifacts. docs/reliability.md says how to run them longer.
+#
+#   DDHEAP_FUZZ_RUNS   executions per target (default: 200000 for fuzz_ops,
+#                      1000000 for fuzz_forge, which is about 30 times faster)
+#   DDHEAP_FUZZ_SEED   libFuzzer's seed (default 1, so CI runs repeat)
+set -euo pipefail
+root=${DDHEAP_BUILD_ROOT:-build-ci}
+dir=$root/fuzz
+seed=${DDHEAP_FUZZ_SEED:-1}
+
+opts=(-Dbuildtype=debugoptimized -Dfuzzers=true -Db_sanitize=address,undefined -Db_lundef=false
+      -Dbench=false -Dexamples=false)
+CC=clang meson setup --wipe "$dir" "${opts[@]}" >/dev/null 2>&1 || CC=clang meson setup "$dir" "${opts[@]}"
+meson compile -C "$dir" tests/fuzz/fuzz_ops tests/fuzz/fuzz_forge
+
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+# A small quarantine keeps the RSS (and the 2-core CI machine) comfortable.
+export ASAN_OPTIONS=quarantine_size_mb=16:detect_leaks=1
+mkdir -p "$dir/artifacts"
+for target in ops forge; do
+  default_runs=200000
+  [ "$target" = forge ] && default_runs=1000000
+  runs=${DDHEAP_FUZZ_RUNS:-$default_runs}
+  scratch=$(mktemp -d)
+  start=$SECONDS
+  "$dir/tests/fuzz/fuzz_$target" -runs="$runs" -seed="$seed" -max_len=1024 -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/artifacts/$target-" \
+    "$scratch" "tests/fuzz/corpus/$target" 2>&1 | grep -E '^(Done|stat::number_of_executed_units|INFO: seed|==|SUMMARY|fuzz_)' || true
+  status=${PIPESTATUS[0]}
+  rm -rf "$scratch"
+  if [ "$status" -ne 0 ]; then
+    echo "50-fuzz: fuzz_$target failed (status $status); input in $dir/artifacts/" >&2
+    exit 1
+  fi
+  echo "50-fuzz: fuzz_$target: $runs executions in $((SECONDS - start)) s, no failure"
+done
