@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import harness
 from harness import Checker, Failure, Tracer, Workload
@@ -253,12 +254,22 @@ def test_detach(c, workload, tools):
             "tracer's live sampled blocks = the process's marked blocks")
 
 
+def event_lines(text):
+    return [l for l in text.splitlines() if l.split(" ", 1)[0] in ("alloc", "free", "realloc")]
+
+
 def test_events(c, workload, tools):
     """tools/ddheap-events.bt at R = 1 on a short run: one line per event,
     as many alloc/free/realloc lines as the workload made allocations,
     frees and reallocs, weight = size on every alloc, and per address as
     many frees as allocs. (Text order across CPUs is not guaranteed, so
-    pairing is checked per address, not line by line.)"""
+    pairing is checked per address, not line by line.)
+
+    bpftrace prints these lines from per-CPU buffers that it polls, and
+    does not drain them when it is stopped: a line still buffered at
+    Ctrl-C is never printed. The test therefore waits, before stopping
+    it, until bpftrace has printed as many lines as the truth says were
+    emitted (or 30 s have passed: then the counts below fail)."""
     w = Workload(workload, ["--threads=2", "--rounds=5", "--go", "--hold=stdin",
                             "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
     t = None
@@ -268,8 +279,15 @@ def test_events(c, workload, tools):
         t.wait_ready("ddheap-events: tracing")
         w.send("go")
         w.wait_line("workload: holding")
+        truth = harness.parse_truth(w.lines)
         w.send("release")
         w.wait_line("workload: lingering")
+        n_alloc = sum(s["alloc_count"] for s in truth["site"].values())
+        n_realloc = sum(v["alloc_count"] for (site, size), v in truth["size"].items()
+                        if site == "site_grow_log" and size > 256)
+        deadline = time.monotonic() + 30
+        while len(event_lines(t.text())) < 2 * n_alloc + n_realloc and time.monotonic() < deadline:
+            time.sleep(0.05)
         out = t.stop()
         w.send("exit")
         c.equal(w.finish(), 0, "workload exit code")
@@ -277,17 +295,11 @@ def test_events(c, workload, tools):
         w.kill()
         harness.stop_quietly(t)
     c.check("Lost" not in out, "bpftrace lost no events")
-    truth = harness.parse_truth(w.lines)
-    n_alloc = sum(s["alloc_count"] for s in truth["site"].values())
-    n_realloc = sum(v["alloc_count"] for (site, size), v in truth["size"].items()
-                    if site == "site_grow_log" and size > 256)
     balance = {}
     kinds = {"alloc": 0, "free": 0, "realloc": 0}
     bad_weight = 0
-    for line in out.splitlines():
+    for line in event_lines(out):
         f = line.split()
-        if not f or f[0] not in kinds:
-            continue
         kinds[f[0]] += 1
         fields = dict(x.split("=", 1) for x in f[1:])
         if f[0] == "alloc":
