@@ -21,7 +21,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 
-#define DDHEAP_SHARED_SIZE 262272 /* sizeof(struct ddheap__shared) */
+#define DDHEAP_SHARED_SIZE 262336 /* sizeof(struct ddheap__shared) */
 #define DDHEAP_STR2(x) #x
 #define DDHEAP_STR(x) DDHEAP_STR2(x)
 

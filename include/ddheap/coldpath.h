@@ -64,20 +64,24 @@ struct ddheap__table_slot {
 
 struct ddheap__shared {
     /* Read by every free: zero while no marked block is live anywhere in
-     * the process, which lets frees skip the header read entirely. */
+     * the process, which lets frees skip the header read entirely. Written
+     * (atomically) on every mark and unmark, so it has a line of its own:
+     * the keys below, read by every free while something is live, must not
+     * bounce between cores with it. */
     uint64_t live_marked;
+    uint64_t line0_pad[7];
     /* Check-word keys, derived from AT_RANDOM (identical in every copy);
-     * written once before the first block is marked. */
+     * written once before the first block is marked, then only read. */
     uint64_t key_xor;
     uint64_t key_mul; /* odd */
     uint64_t keys_ready;
-    uint64_t line0_pad[4];
+    uint64_t line1_pad[5];
     /* Table of marked blocks whose user pointer is in the first 16 bytes
      * of a page (no room for a readable header): page-and-larger aligned
      * blocks, and the rare small block that lands there. */
     uint64_t table_live;
     uint64_t table_overflow; /* entries placed outside their probe window */
-    uint64_t line1_pad[6];
+    uint64_t line2_pad[6];
     struct ddheap__table_slot table[DDHEAP__TABLE_SLOTS];
 };
 
