@@ -152,6 +152,21 @@ static void run_case(const struct env_case *c)
             setenv("DD_HEAP_SAMPLING_INTERVAL", c->interval, 1);
         char *argv[] = {self_path, (char *)"--child", NULL};
         execv(self_path, argv);
+        /* A cross build under emulation: the kernel cannot run this binary
+         * itself, so go through the emulator meson runs the tests with. */
+        const char *wrapper = getenv("MESON_EXE_WRAPPER");
+        if (errno == ENOEXEC && wrapper && *wrapper) {
+            static char words[1024];
+            char *wargv[16];
+            int n = 0;
+            snprintf(words, sizeof words, "%s", wrapper);
+            for (char *w = strtok(words, " "); w && n < 13; w = strtok(NULL, " "))
+                wargv[n++] = w;
+            wargv[n++] = self_path;
+            wargv[n++] = (char *)"--child";
+            wargv[n] = NULL;
+            execvp(wargv[0], wargv);
+        }
         _exit(127);
     }
     close(out[1]);

@@ -48,9 +48,17 @@ static void error_seen(const char *what)
     __atomic_add_fetch(&errors, 1, __ATOMIC_RELAXED);
 }
 
+/* aarch64 pointer tagging puts 0xDD in the top byte of a sampled pointer;
+ * the address is in the other 56 bits (on x86-64 the top byte is 0). */
+static uintptr_t untag(uintptr_t p)
+{
+    return p & ((UINT64_C(1) << 56) - 1);
+}
+
 static long chunk_of(uintptr_t p)
 {
     uintptr_t base = (uintptr_t)pool;
+    p = untag(p);
     if (p < base || p >= base + sizeof pool)
         return -1;
     return (long)((p - base) / CHUNK);

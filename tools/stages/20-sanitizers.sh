@@ -3,6 +3,7 @@
 # Any sanitizer report fails the test that produced it: ASan and TSan exit
 # non-zero on a report, and UBSan is told to halt on its first one.
 set -euo pipefail
+cd "$(dirname "$0")/../.."
 root=${DDHEAP_BUILD_ROOT:-build-ci}
 
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -5,6 +5,7 @@
 # needs debug info to see it. First, a canary proves the setup fails on a
 # real invalid read; docs/reliability.md explains the suppression.
 set -euo pipefail
+cd "$(dirname "$0")/../.."
 root=${DDHEAP_BUILD_ROOT:-build-ci}
 dir=$root/valgrind
 

@@ -9,6 +9,7 @@
 #                      1000000 for fuzz_forge, which is about 30 times faster)
 #   DDHEAP_FUZZ_SEED   libFuzzer's seed (default 1, so CI runs repeat)
 set -euo pipefail
+cd "$(dirname "$0")/../.."
 root=${DDHEAP_BUILD_ROOT:-build-ci}
 dir=$root/fuzz
 seed=${DDHEAP_FUZZ_SEED:-1}
