@@ -108,13 +108,21 @@ int dd_example_posix_memalign(void **out, size_t alignment, size_t size)
 void *dd_example_aligned_alloc(size_t alignment, size_t size)
 {
     /* glibc accepts any power of two and any size (C17 DR 460), and so do
-     * we; a sampled request is a few bytes larger than `size`. */
+     * we. C11 and the sanitizers' allocators want the size to be a multiple
+     * of the alignment, and a sampled request is a few bytes larger than
+     * `size`: round the request up. The block is only freed through libc's
+     * free, which needs no size, so the extra bytes cost nothing else. */
     if (!power_of_two(alignment)) {
         errno = EINVAL;
         return NULL;
     }
     dd_alloc_req_t req = dd_allocation_requested(size, alignment);
-    return dd_allocation_created(aligned_alloc(req.alignment, req.size), req);
+    size_t rounded = (req.size + (req.alignment - 1)) & ~(req.alignment - 1);
+    if (rounded < req.size) { /* wrapped: no such block */
+        errno = ENOMEM;
+        return dd_allocation_created(NULL, req);
+    }
+    return dd_allocation_created(aligned_alloc(req.alignment, rounded), req);
 }
 
 void dd_example_free_aligned_sized(void *ptr, size_t alignment, size_t size)
