@@ -107,10 +107,14 @@ static void *pool_realloc(void *raw, size_t size)
         pool_free(raw, 0);
         return NULL;
     }
+    long i = chunk_of((uintptr_t)raw);
+    if (i < 0) {
+        error_seen("pool: realloc of a pointer it never handed out\n");
+        return NULL;
+    }
     void *moved = pool_alloc(size);
     if (moved == NULL)
         return NULL;
-    long i = chunk_of((uintptr_t)raw);
     memcpy(moved, raw, chunk_size[i] < size ? chunk_size[i] : size);
     pool_free(raw, 0);
     return moved;

@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -620,12 +621,31 @@ static bool bpftrace_cycle(double hold_s)
     } else {
         ERROR("bpftrace did not attach within 60 s");
     }
-    kill(child, SIGINT);
+    /* SIGINT ends bpftrace (printing END's line); one sent while it is
+     * still setting up can be lost, so repeat it every second, and give up
+     * with SIGKILL (and an error) after 30 s rather than hang the suite. */
     char text[4096];
     size_t got = 0;
-    ssize_t r;
-    while (got < sizeof text - 1 && (r = read(out[0], text + got, sizeof text - 1 - got)) > 0)
-        got += (size_t)r;
+    double stop_at = now_s();
+    double next_int = stop_at;
+    bool eof = false;
+    while (!eof) {
+        if (now_s() >= next_int) {
+            kill(child, SIGINT);
+            next_int += 1.0;
+        }
+        if (now_s() - stop_at > 30) {
+            ERROR("bpftrace did not exit within 30 s of SIGINT");
+            kill(child, SIGKILL);
+            break;
+        }
+        struct pollfd pfd = {out[0], POLLIN, 0};
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        ssize_t r = read(out[0], text + got, sizeof text - 1 - got);
+        if (r <= 0 || (got += (size_t)r) == sizeof text - 1)
+            eof = true;
+    }
     text[got] = '\0';
     close(out[0]);
     int status;
@@ -644,6 +664,7 @@ static bool bpftrace_cycle(double hold_s)
         return false;
     }
     bpftrace_events += events;
+    printf("stress: bpftrace attach %lu: %llu probe events seen\n", bpftrace_attaches, events);
     return attached;
 }
 
