@@ -7,7 +7,8 @@ setup() { # dir, options...
   local dir=$1; shift
   rm -rf "$dir"
   meson setup "$dir" "$@" >/dev/null
-  meson compile -C "$dir" >/dev/null
+  # ninja reports compiler errors on stdout: keep only its failure output
+  meson compile -C "$dir" >"$dir.compile.log" 2>&1 || { cat "$dir.compile.log"; return 1; }
 }
 for buildtype in debug release; do
   dir=build-ci/native-$buildtype
