@@ -6,7 +6,8 @@ set -euo pipefail
 setup() { # dir, options...
   local dir=$1; shift
   rm -rf "$dir"
-  meson setup "$dir" "$@" >/dev/null
+  mkdir -p "$(dirname "$dir")"
+  meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; return 1; }
   # ninja reports compiler errors on stdout: keep only its failure output
   meson compile -C "$dir" >"$dir.compile.log" 2>&1 || { cat "$dir.compile.log"; return 1; }
 }
