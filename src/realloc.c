@@ -23,6 +23,15 @@
  * copy the old block: a stale header left in freed memory could later be
  * taken for a live one. If the real realloc fails, commit restores it, so
  * the old block is exactly as before.
+ *
+ * free(old) can only be reported in commit (a failed realloc reports
+ * nothing), so between the real realloc and commit the old address is free
+ * but not yet reported free. A signal handler on this thread that
+ * allocates in that window could be handed the same address and report it
+ * allocated first. While a reported block is in flight, prepare therefore
+ * holds the thread's reentry guard until commit: allocations made in the
+ * window on this thread pass through unsampled, as inside the cold path.
+ * Other threads are not held (docs/realloc.md, "Known limit").
  */
 #include "internal.h"
 #include "mark.h"
@@ -34,6 +43,7 @@ enum {
     OLD_REPORTED = 1u << 1,
     NEW_MARKED = 1u << 2,
     IS_FREE = 1u << 3, /* new_size 0 on a live block: glibc's realloc(p, 0) frees */
+    HOLDS_GUARD = 1u << 4, /* this thread's reentry guard is held until commit */
 };
 
 /* memmove, ours: the cold path calls no lazily bound libc function. */
@@ -101,6 +111,10 @@ dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, size_t new_size)
 
     dd_alloc_req_t req = dd_allocation_requested(new_size, 0);
     prep.weight = req.weight;
+    if (prep.flags & OLD_REPORTED) { /* after the sampling decision, which needs the guard free */
+        ddheap__thread_state.busy++;
+        prep.flags |= HOLDS_GUARD;
+    }
     prep.raw_size = new_size;
 #if DDHEAP_LIVE_HEAP
     bool old_mark_carries_bytes = (prep.flags & OLD_MARKED) && (prep.old_offset || prep.old_extra);
@@ -115,6 +129,12 @@ dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, size_t new_size)
 #endif
     errno = saved_errno;
     return prep;
+}
+
+static void release_guard(const dd_realloc_prep_t *prep)
+{
+    if (prep->flags & HOLDS_GUARD)
+        ddheap__thread_state.busy--;
 }
 
 /* The real realloc failed: the old block is as it was, so is its mark. */
@@ -137,12 +157,14 @@ void *dd_allocation_realloc_commit(void *old_user, void *new_raw, dd_realloc_pre
     if (new_raw == NULL) {
         if (old_user)
             restore_old(old_user, &prep);
+        release_guard(&prep);
         errno = saved_errno;
         return NULL;
     }
 
     if (prep.flags & OLD_REPORTED)
         ddheap_fire_free((uintptr_t)old_user);
+    release_guard(&prep); /* only now is the old address reported free */
 
     if (prep.flags & NEW_MARKED) {
         unsigned char *raw = new_raw;

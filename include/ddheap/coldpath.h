@@ -32,7 +32,8 @@ struct ddheap__thread {
     uint64_t mean;      /* the interval R this countdown was drawn with */
     uint64_t rng;       /* generator state; 0 until initialised */
     uint32_t epoch;     /* interval setting this thread last adopted */
-    uint16_t busy;      /* reentry guard: non-zero inside the cold path */
+    uint16_t busy;      /* reentry guard: non-zero inside the cold path, or
+                         * between a realloc's prepare and commit */
     uint8_t tagging;    /* aarch64 TBI: enum ddheap__tagging in src/ */
     uint8_t unused;
 };

@@ -43,6 +43,7 @@ static struct {
     enum fake_realloc_mode realloc_mode;
     bool fail_alloc;
     size_t page_offset; /* place the next raw block at this offset in a page (+1: any) */
+    void (*inside_realloc)(void); /* runs inside the real realloc, after the old block is gone */
 } fake;
 
 static inline struct fake_block *fake_find(void *raw)
@@ -140,6 +141,8 @@ static inline void *fake_raw_realloc(void *raw, size_t size)
             return NULL;
         memcpy(fresh, raw, old_size < size ? old_size : size);
         fake_raw_free(raw, 0);
+        if (fake.inside_realloc) /* e.g. a signal handler that allocates */
+            fake.inside_realloc();
         return fresh;
     }
     }

@@ -194,6 +194,41 @@ static void test_realloc_of_aligned_blocks(void **state)
             }
 }
 
+/* A signal handler that allocates while the real realloc has freed the old
+ * block but commit has not yet reported it: its allocation must not be
+ * reported, or a consumer could see alloc(old address) before free(old). */
+static char *handler_block;
+
+static void allocate_like_a_signal_handler(void)
+{
+    handler_block = t_malloc(64);
+}
+
+static void test_signal_handler_inside_realloc_is_not_sampled(void **state)
+{
+    (void)state;
+    tracer_on(1);
+    char *p = t_malloc(100);
+    rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
+    fake.inside_realloc = allocate_like_a_signal_handler;
+    char *q = t_realloc(p, 4000);
+    fake.inside_realloc = NULL;
+    assert_non_null(handler_block);
+    /* only the realloc's own events: free(old), alloc(new), realloc */
+    expect_event(0, DD_PROBE_FREE, p, NULL, 0, 0);
+    expect_event(1, DD_PROBE_ALLOC, q, NULL, 4000, 4000);
+    assert_int_equal(rec.n, 3);
+    /* the guard is released: the next allocation is sampled again */
+    char *r = t_malloc(10);
+    assert_int_equal(rec.allocs, 2);
+    t_free(r);
+    t_free(handler_block);
+    t_free(q);
+    assert_int_equal(fake.live, 0);
+    assert_int_equal(ddheap__thread_state.busy, 0);
+    tracer_off();
+}
+
 /* --- statistical: a workload that grows buffers only with realloc --- */
 
 #define MAP_SLOTS (1u << 16)
@@ -315,6 +350,7 @@ int main(void)
         cmocka_unit_test(test_realloc_null_allocates),
         cmocka_unit_test(test_realloc_to_zero_frees),
         cmocka_unit_test(test_realloc_of_aligned_blocks),
+        cmocka_unit_test(test_signal_handler_inside_realloc_is_not_sampled),
         cmocka_unit_test(test_realloc_growth_unbiased),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
