@@ -21,6 +21,8 @@
 #include <ddheap.h>
 #include <ddheap/testing.h>
 
+#include "fuzz_input.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,18 +54,6 @@ static void hook(const dd_probe_event_t *ev, void *ctx)
         frees_reported++;
 }
 
-struct input {
-    const uint8_t *p;
-    size_t left;
-};
-
-static uint64_t take(struct input *in, unsigned bytes)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < bytes && in->left; i++, in->left--)
-        v |= (uint64_t)*in->p++ << (8 * i);
-    return v;
-}
 
 struct sampled {
     unsigned char *user;

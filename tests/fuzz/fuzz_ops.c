@@ -19,6 +19,8 @@
 #include <ddheap.h>
 #include <ddheap/testing.h>
 
+#include "fuzz_input.h"
+
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -40,21 +42,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define MAX_REAL (64u << 10)     /* the real allocator refuses more (as if out of memory) */
 #define MAX_REAL_ALIGN (64u << 10) /* and larger alignments (2 MiB ones: tests/stress) */
 #define LEDGER 256               /* power of two, > live raw blocks + reported pointers */
-
-/* --- input reader --- */
-
-struct input {
-    const uint8_t *p;
-    size_t left;
-};
-
-static uint64_t take(struct input *in, unsigned bytes)
-{
-    uint64_t v = 0;
-    for (unsigned i = 0; i < bytes && in->left; i++, in->left--)
-        v |= (uint64_t)*in->p++ << (8 * i);
-    return v;
-}
 
 /* Sizes: mostly small, sometimes up to the real limit, sometimes at the
  * top of size_t where an enlarged request would overflow. */
