@@ -104,7 +104,7 @@ typedef struct dd_realloc_prep {
     uint32_t old_offset;   /* user - raw of the old block, if it was marked */
     uint32_t old_extra;    /* its real size minus its user size */
     uint32_t new_offset;   /* user - raw the new block will get */
-    uint32_t flags;        /* internal to src/realloc.c */
+    uint32_t flags;        /* 0: neither block needs the cold path (src/realloc.c) */
 } dd_realloc_prep_t;
 
 /* Sets the mean sampling interval R in bytes for the whole process
@@ -142,20 +142,13 @@ enum dd_heap_thread_status {
  * reports NO_TAGGED_ADDR or MTE never samples; its frees still work. */
 DDHEAP_API int dd_heap_thread_sampling_status(void);
 
-/* Realloc, in two halves around the caller's own realloc: see the usage
- * comment above and docs/realloc.md. realloc(NULL, n) allocates n;
- * new_size 0 with a non-NULL block is a free of that block (glibc's
- * realloc(p, 0)): prepare reports it freed and the caller's realloc must
- * release it. */
-DDHEAP_API dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, size_t new_size);
-DDHEAP_API void *dd_allocation_realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t prep);
-
 #ifdef __cplusplus
 }
 #endif
 
 /* The inlined fast path: dd_allocation_requested(), dd_allocation_created(),
- * dd_allocation_freed(). */
+ * dd_allocation_freed(), dd_allocation_realloc_prepare() and
+ * dd_allocation_realloc_commit(). */
 #include <ddheap/fastpath.h>
 
 #endif /* DDHEAP_H */

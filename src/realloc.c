@@ -1,4 +1,7 @@
 /*
+ * The cold half of realloc (the inline half is in ddheap/fastpath.h:
+ * with no tracer and an unmarked old block nothing here runs).
+ *
  * realloc in two halves around the caller's real realloc (docs/realloc.md).
  *
  * The returned block is a new allocation of new_size for sampling (the
@@ -85,7 +88,7 @@ static bool old_block_mark(void *old_user, struct ddheap_mark *m)
 #endif
 }
 
-dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, size_t new_size)
+dd_realloc_prep_t ddheap__realloc_prepare(void *old_user, size_t new_size)
 {
     dd_realloc_prep_t prep = {0};
     struct ddheap_mark old;
@@ -147,7 +150,7 @@ static void *restore_old(void *old_user, const dd_realloc_prep_t *prep)
     return NULL;
 }
 
-void *dd_allocation_realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t prep)
+void *ddheap__realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t prep)
 {
     int saved_errno = errno;
     void *new_user = new_raw;

@@ -98,9 +98,14 @@ extern struct ddheap__shared ddheap_shared_v1 __attribute__((visibility("default
 /* Cold-path entry points (src/). */
 struct dd_alloc_req;
 struct dd_alloc_freed;
+struct dd_realloc_prep;
 DDHEAP__HIDDEN struct dd_alloc_req ddheap__sample_request(size_t size, size_t alignment);
 DDHEAP__HIDDEN void *ddheap__sample_created(void *raw, struct dd_alloc_req req);
 DDHEAP__HIDDEN struct dd_alloc_freed ddheap__release(void *user, size_t size);
+/* src/realloc.c: a realloc with a tracer attached or a marked old block */
+DDHEAP__HIDDEN struct dd_realloc_prep ddheap__realloc_prepare(void *old_user, size_t new_size);
+DDHEAP__HIDDEN void *ddheap__realloc_commit(void *old_user, void *new_raw,
+                                            struct dd_realloc_prep prep);
 
 #ifdef __cplusplus
 }

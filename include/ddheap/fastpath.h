@@ -137,6 +137,29 @@ static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
     return raw;
 }
 
+/* Whether `ptr` may be a marked block, i.e. whether its free or realloc
+ * must go through the cold path. Exact for pointer tags; for headers a
+ * match is re-verified there. With nothing marked in the process: one
+ * compare and one branch. */
+static inline int ddheap__may_be_marked(void *ptr)
+{
+#if !DDHEAP_LIVE_HEAP
+    (void)ptr;
+    return 0;
+#elif DDHEAP_MARK_TBI
+    return ((uintptr_t)ptr >> 56) == DDHEAP__TAG;
+#else
+    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v1.live_marked)))
+        return 0;
+    uintptr_t user = (uintptr_t)ptr;
+    /* Page rule: a marked block never has a header-marked user pointer in
+     * the first 16 bytes of a page; those are looked up instead. */
+    if ((user & (DDHEAP__PAGE - 1)) >= DDHEAP__HEADER)
+        return ddheap__header_matches(user);
+    return ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v1.table_live) != 0;
+#endif
+}
+
 /*
  * Call before the real free with the application's pointer and, when the
  * caller knows them, the size and alignment it was allocated with (0 when
@@ -146,22 +169,45 @@ static inline dd_alloc_freed_t dd_allocation_freed(void *ptr, size_t size, size_
 {
     dd_alloc_freed_t out = {ptr, size};
     (void)alignment;
-#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
-    if (DDHEAP__UNLIKELY(((uintptr_t)ptr >> 56) == DDHEAP__TAG))
+    if (DDHEAP__UNLIKELY(ddheap__may_be_marked(ptr)))
         return ddheap__release(ptr, size);
-#elif DDHEAP_LIVE_HEAP
-    if (DDHEAP__UNLIKELY(ddheap__nonzero64(&ddheap_shared_v1.live_marked))) {
-        uintptr_t user = (uintptr_t)ptr;
-        /* Page rule: a marked block never has a header-marked user pointer
-         * in the first 16 bytes of a page; those are looked up instead. */
-        int marked = (user & (DDHEAP__PAGE - 1)) >= DDHEAP__HEADER
-                         ? ddheap__header_matches(user)
-                         : ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v1.table_live) != 0;
-        if (DDHEAP__UNLIKELY(marked))
-            return ddheap__release(ptr, size);
-    }
-#endif
     return out;
+}
+
+/*
+ * realloc, in two halves around the caller's own realloc (docs/realloc.md):
+ *
+ *     dd_realloc_prep_t prep = dd_allocation_realloc_prepare(ptr, size);
+ *     void *raw = real_realloc(prep.raw_ptr, prep.raw_size);
+ *     return dd_allocation_realloc_commit(ptr, raw, prep);
+ *
+ * realloc(NULL, n) allocates n; size 0 on a live block frees it (glibc's
+ * realloc(p, 0)), and prepare reports that free. Unless the old block is
+ * marked or the new one is sampled, both halves stay inline: the same
+ * checks as an allocation and a free.
+ */
+static inline dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, size_t new_size)
+{
+    if (DDHEAP__LIKELY(!ddheap__may_be_marked(old_user))) {
+        dd_realloc_prep_t prep = {old_user, new_size, new_size, 0, 0, 0, 0, 0};
+        if (DDHEAP__LIKELY(!ddheap__nonzero32(&ddheap__tracer_gate)))
+            return prep; /* nothing to sample, nothing to unmark */
+        uint64_t left; /* the new block counts as an allocation of new_size */
+        if (DDHEAP__LIKELY(!__builtin_sub_overflow(ddheap__thread_state.countdown,
+                                                   (uint64_t)new_size, &left))) {
+            ddheap__thread_state.countdown = left;
+            return prep; /* not sampled either */
+        }
+    }
+    return ddheap__realloc_prepare(old_user, new_size);
+}
+
+static inline void *dd_allocation_realloc_commit(void *old_user, void *new_raw,
+                                                 dd_realloc_prep_t prep)
+{
+    if (DDHEAP__LIKELY(prep.flags == 0 && prep.weight == 0))
+        return new_raw; /* neither block is marked or reported */
+    return ddheap__realloc_commit(old_user, new_raw, prep);
 }
 
 #ifdef __cplusplus
