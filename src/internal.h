@@ -25,20 +25,12 @@ double ddheap_exponential(uint64_t random_bits);
 /* 1 - e^-x for x >= 0, accurate for small x. */
 double ddheap_one_minus_exp_neg(double x);
 
-/* --- sampler.c --- */
-/* Process configuration, read once from the environment. */
+/* Process configuration, as read from the environment (env.c) and kept
+ * by sampler.c. */
 struct ddheap_config {
     bool enabled;
     uint64_t interval;
 };
-const struct ddheap_config *ddheap_config(void);
-uint64_t ddheap_next_random(struct ddheap__thread *t);
-uint64_t ddheap_draw_countdown(struct ddheap__thread *t, uint64_t mean);
-uint64_t ddheap_weight(uint64_t size, uint64_t mean);
-/* Decides whether a block of `size` bytes is sampled given that the
- * fast path saw a borrow (or the realloc path asks): returns its weight,
- * 0 if not sampled, and leaves the countdown set for the next block. */
-uint64_t ddheap_sample_decision(size_t size);
 
 /* --- env.c --- */
 /* Parses DD_HEAP_SAMPLING_ENABLED / DD_HEAP_SAMPLING_INTERVAL; prints one

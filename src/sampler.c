@@ -78,7 +78,7 @@ __attribute__((constructor)) static void ddheap_constructor(void)
 
 /* splitmix64: a 64-bit state walked by a Weyl sequence and hashed; every
  * state is valid and the output passes BigCrush. */
-uint64_t ddheap_next_random(struct ddheap__thread *t)
+static uint64_t next_random(struct ddheap__thread *t)
 {
     uint64_t z = (t->rng += UINT64_C(0x9e3779b97f4a7c15));
     z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
@@ -86,16 +86,16 @@ uint64_t ddheap_next_random(struct ddheap__thread *t)
     return z ^ (z >> 31);
 }
 
-uint64_t ddheap_draw_countdown(struct ddheap__thread *t, uint64_t mean)
+static uint64_t draw_countdown(struct ddheap__thread *t, uint64_t mean)
 {
     if (mean <= 1)
         return 0;
-    double gap = ddheap_exponential(ddheap_next_random(t)) * (double)mean;
+    double gap = ddheap_exponential(next_random(t)) * (double)mean;
     /* Exp(1) < 37 here, so gap < 37 * 2^63 never; clamp anyway. */
     return gap >= 0x1p64 ? UINT64_MAX : (uint64_t)gap;
 }
 
-uint64_t ddheap_weight(uint64_t size, uint64_t mean)
+static uint64_t weight_of(uint64_t size, uint64_t mean)
 {
     if (mean <= 1)
         return size;
@@ -125,16 +125,19 @@ static void adopt_config(struct ddheap__thread *t)
         return;
     }
     t->mean = __atomic_load_n(&config.interval, __ATOMIC_RELAXED);
-    t->countdown = ddheap_draw_countdown(t, t->mean);
+    t->countdown = draw_countdown(t, t->mean);
 }
 
-/* Inlined into ddheap__sample_request: one call less on every sampled
- * allocation (bench/: about 12 instructions per sampled pair). */
+/* Decides whether a block of `size` bytes is sampled, given that the fast
+ * path saw a borrow: returns its weight (0: not sampled) and leaves the
+ * countdown set for the next block. Inlined into ddheap__sample_request:
+ * one call less on every sampled allocation (bench/: about 12 instructions
+ * per sampled pair). */
 static inline uint64_t sample_decision(struct ddheap__thread *t, size_t size)
 {
     if (DDHEAP__UNLIKELY(t->mean == 0 ||
                          t->epoch != __atomic_load_n(&config.epoch, __ATOMIC_RELAXED))) {
-        /* May read the environment (getenv, strtoull, write): errno is
+        /* May read the environment (getenv, write): errno is
          * kept here, where it can change, not on every sampled call. */
         int saved_errno = errno;
         adopt_config(t);
@@ -164,14 +167,9 @@ static inline uint64_t sample_decision(struct ddheap__thread *t, size_t size)
         t->countdown -= size;
         return 0;
     }
-    uint64_t weight = ddheap_weight(size, t->mean);
-    t->countdown = ddheap_draw_countdown(t, t->mean);
+    uint64_t weight = weight_of(size, t->mean);
+    t->countdown = draw_countdown(t, t->mean);
     return weight;
-}
-
-uint64_t ddheap_sample_decision(size_t size)
-{
-    return sample_decision(&ddheap__thread_state, size);
 }
 
 dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
@@ -277,7 +275,7 @@ void ddheap_test_seed_thread(uint64_t seed)
     adopt_config(t);
     t->rng = seed;
     if (__atomic_load_n(&config.enabled, __ATOMIC_RELAXED))
-        t->countdown = ddheap_draw_countdown(t, t->mean);
+        t->countdown = draw_countdown(t, t->mean);
 }
 
 uint64_t ddheap_test_draw_gap(uint64_t mean)
@@ -285,12 +283,12 @@ uint64_t ddheap_test_draw_gap(uint64_t mean)
     struct ddheap__thread *t = &ddheap__thread_state;
     if (t->mean == 0)
         adopt_config(t);
-    return ddheap_draw_countdown(t, mean);
+    return draw_countdown(t, mean);
 }
 
 uint64_t ddheap_test_weight(uint64_t size, uint64_t mean)
 {
-    return ddheap_weight(size, mean);
+    return weight_of(size, mean);
 }
 
 void ddheap_test_reload_config(void)
