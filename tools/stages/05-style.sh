@@ -1,0 +1,17 @@
+# Whitespace, the part of style a machine can judge without arguing:
+# no trailing blanks, no tabs in C sources, a final newline everywhere
+# (.editorconfig says the same to editors).
+set -euo pipefail
+bad=0
+if git grep -n -I -E '[[:space:]]+$' -- ':!tests/fuzz/corpus' ':!LICENSE'; then
+  echo "style: trailing whitespace above"; bad=1
+fi
+if git grep -n -I -P '\t' -- '*.c' '*.h'; then
+  echo "style: tabs in C sources above"; bad=1
+fi
+for f in $(git ls-files -- ':!tests/fuzz/corpus'); do
+  if [ -s "$f" ] && [ "$(tail -c 1 "$f" | od -An -c | tr -d ' ')" != '\n' ]; then
+    echo "style: no final newline: $f"; bad=1
+  fi
+done
+exit $bad
