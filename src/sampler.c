@@ -91,7 +91,8 @@ static uint64_t draw_countdown(struct ddheap__thread *t, uint64_t mean)
     if (mean <= 1)
         return 0;
     double gap = ddheap_exponential(next_random(t)) * (double)mean;
-    /* Exp(1) < 37 here, so gap < 37 * 2^63 never; clamp anyway. */
+    /* Exp(1) <= 36.8 here (53-bit uniforms), so only a mean above 2^58
+     * could overflow the gap: clamp. */
     return gap >= 0x1p64 ? UINT64_MAX : (uint64_t)gap;
 }
 
