@@ -141,13 +141,11 @@ static void release_guard(const dd_realloc_prep_t *prep)
 }
 
 /* The real realloc failed: the old block is as it was, so is its mark. */
-static void *restore_old(void *old_user, const dd_realloc_prep_t *prep)
+static void restore_old_mark(const dd_realloc_prep_t *prep)
 {
     if (prep->flags & OLD_MARKED)
         ddheap_mark_at(prep->raw_ptr, prep->old_offset, prep->old_extra,
                        (prep->flags & OLD_REPORTED) != 0);
-    (void)old_user;
-    return NULL;
 }
 
 void *ddheap__realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t prep)
@@ -158,8 +156,7 @@ void *ddheap__realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t pr
     if (prep.flags & IS_FREE) /* already reported; an allocator may return a fresh minimum block */
         return new_raw;
     if (new_raw == NULL) {
-        if (old_user)
-            restore_old(old_user, &prep);
+        restore_old_mark(&prep);
         release_guard(&prep);
         errno = saved_errno;
         return NULL;
