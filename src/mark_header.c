@@ -104,7 +104,7 @@ static bool plausible_header_meta(uint64_t meta)
            extra < DDHEAP__PAGE;
 }
 
-DDHEAP__NO_SANITIZE_ADDRESS
+DDHEAP__NO_SANITIZE_PEEK
 bool ddheap_mark_lookup(void *ptr, struct ddheap_mark *out)
 {
     uintptr_t user = (uintptr_t)ptr;

@@ -9,6 +9,8 @@
  *   freed, nothing marked:  one load (live_marked), one branch
  *   freed, something live:  + the page test, a 16-byte read and the keyed
  *                           check (header scheme) / one compare (aarch64 TBI)
+ *   realloc prepare/commit: the tests of an allocation and of a free, unless
+ *                           the old block is marked or the new one sampled
  *
  * Everything else lives in the cold path (src/). Include <ddheap.h>.
  */
@@ -87,19 +89,19 @@ static inline uint64_t ddheap__check_word(uintptr_t user, uint64_t meta)
  * neighbouring object, which may be freed or being written by another
  * thread: address and thread sanitizers are told not to check it (the
  * bytes are compared, never used, unless the keyed check passes; a torn or
- * stale value can only fail the check). The name stays for compatibility. */
+ * stale value can only fail the check). */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define DDHEAP__NO_SANITIZE_ADDRESS __attribute__((no_sanitize_address, no_sanitize_thread))
+#define DDHEAP__NO_SANITIZE_PEEK __attribute__((no_sanitize_address, no_sanitize_thread))
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define DDHEAP__NO_SANITIZE_ADDRESS __attribute__((no_sanitize("address", "thread")))
+#define DDHEAP__NO_SANITIZE_PEEK __attribute__((no_sanitize("address", "thread")))
 #endif
 #endif
-#ifndef DDHEAP__NO_SANITIZE_ADDRESS
-#define DDHEAP__NO_SANITIZE_ADDRESS
+#ifndef DDHEAP__NO_SANITIZE_PEEK
+#define DDHEAP__NO_SANITIZE_PEEK
 #endif
 
-DDHEAP__NO_SANITIZE_ADDRESS
+DDHEAP__NO_SANITIZE_PEEK
 static inline int ddheap__header_matches(uintptr_t user)
 {
     uint64_t check, meta;

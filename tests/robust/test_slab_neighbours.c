@@ -8,7 +8,7 @@
  * Built with AddressSanitizer (tools/stages/20-sanitizers.sh) the slab
  * poisons every free object, so the neighbour bytes ddheap reads before an
  * unsampled object are often poisoned: the run proves that ddheap's read is
- * exempt (DDHEAP__NO_SANITIZE_ADDRESS in fastpath.h and mark_header.c). A
+ * exempt (DDHEAP__NO_SANITIZE_PEEK in fastpath.h and mark_header.c). A
  * control, in a child process, makes the same read from an ordinary
  * function and must be reported, which proves the poisoning is live.
  */
