@@ -30,6 +30,12 @@
 #include <string.h>
 #include <sys/mman.h>
 
+/* robust_setup/robust_teardown assert with cmocka */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
 #define RA_MAX_BLOCKS 1024
 #define RA_MMAP_ALIGN (64u * 1024u) /* alignments from here on come from mmap */
 #define RA_MAX_EVENTS 8192
@@ -313,6 +319,41 @@ static inline const char *rec_unbalanced(bool closed)
     }
     pthread_mutex_unlock(&rec.lock);
     return problem;
+}
+
+/* --- every case starts and ends the same way --- */
+
+/* Marked blocks live before the case began (other cases may keep some). */
+static uint64_t robust_marked_before;
+
+/* Tracer simulated at interval 1 (every non-empty block sampled, where
+ * the most can go wrong), the real allocator healthy, a fresh recorder. */
+static inline int robust_setup(void **state)
+{
+    (void)state;
+    dd_heap_simulate_tracer(true);
+    dd_set_default_sampling_interval(1);
+    ra_set_fail(false);
+    rec_start();
+    robust_marked_before = ddheap_test_live_marked();
+    return 0;
+}
+
+/* Whatever the case did, it must leave no trace: a balanced probe stream,
+ * every raw block back, no allocator complaint, no mark left. */
+static inline int robust_teardown(void **state)
+{
+    (void)state;
+    ra_set_fail(false);
+    dd_heap_simulate_tracer(false);
+    ddheap_test_set_probe_hook(NULL, NULL);
+    const char *why = rec_unbalanced(true);
+    if (why)
+        fail_msg("probe stream: %s", why);
+    assert_int_equal(ra_live(), 0);
+    assert_int_equal(ra_errors(), 0);
+    assert_int_equal(ddheap_test_live_marked(), robust_marked_before);
+    return 0;
 }
 
 #endif /* DDHEAP_ROBUST_ALLOC_H */

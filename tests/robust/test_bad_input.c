@@ -21,35 +21,6 @@
 
 #define ERRNO_SENTINEL 4242
 
-static uint64_t marked_before;
-
-static int setup(void **state)
-{
-    (void)state;
-    dd_heap_simulate_tracer(true);
-    dd_set_default_sampling_interval(1);
-    ra_set_fail(false);
-    rec_start();
-    marked_before = ddheap_test_live_marked();
-    return 0;
-}
-
-/* Whatever the case did, it must leave no trace. */
-static int teardown(void **state)
-{
-    (void)state;
-    ra_set_fail(false);
-    dd_heap_simulate_tracer(false);
-    ddheap_test_set_probe_hook(NULL, NULL);
-    const char *why = rec_unbalanced(true);
-    if (why)
-        fail_msg("probe stream: %s", why);
-    assert_int_equal(ra_live(), 0);
-    assert_int_equal(ra_errors(), 0);
-    assert_int_equal(ddheap_test_live_marked(), marked_before);
-    return 0;
-}
-
 static void fill(unsigned char *p, size_t n, unsigned char seed)
 {
     for (size_t i = 0; i < n; i++)
@@ -242,7 +213,7 @@ static void test_free_null(void **state)
     assert_int_equal(f.size, 0);
     void *small = w_alloc(64, 0);        /* a header-marked block */
     void *page = w_alloc(64, 4096);      /* a table-marked block */
-    assert_true(ddheap_test_live_marked() >= marked_before + 2);
+    assert_true(ddheap_test_live_marked() >= robust_marked_before + 2);
     f = dd_allocation_freed(NULL, 0, 0);
     assert_null(f.ptr);
     assert_int_equal(f.size, 0);
@@ -269,7 +240,7 @@ static void test_realloc_null_zero(void **state)
     assert_int_equal(rec_count(DD_PROBE_ALLOC), 1);
     assert_null(w_realloc(p, 0));
     assert_int_equal(rec_count(DD_PROBE_FREE), 1);
-    assert_int_equal(ddheap_test_live_marked(), marked_before);
+    assert_int_equal(ddheap_test_live_marked(), robust_marked_before);
 }
 
 /* errno is the caller's: every cold path (sampling, marking, unmarking,
@@ -325,16 +296,16 @@ static void test_errno_preserved(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_size_zero, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_size_overflow, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_zero, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_not_power_of_two, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_huge, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_real_alloc_fails, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_real_realloc_fails, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_free_null, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_realloc_null_zero, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_errno_preserved, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_size_zero, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_size_overflow, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_alignment_zero, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_alignment_not_power_of_two, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_alignment_huge, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_real_alloc_fails, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_real_realloc_fails, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_free_null, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_realloc_null_zero, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_errno_preserved, robust_setup, robust_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,7 +31,6 @@ struct blocks {
 };
 
 static pthread_key_t key;
-static uint64_t marked_before;
 
 /* cmocka's asserts may only run on the test's own thread (they longjmp):
  * the exiting threads count their failures here instead. */
@@ -82,30 +81,6 @@ static void free_blocks(struct blocks *b, unsigned char seed)
             w_free(b->p[i]);
         b->p[i] = NULL;
     }
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    dd_heap_simulate_tracer(true);
-    dd_set_default_sampling_interval(1);
-    rec_start();
-    marked_before = ddheap_test_live_marked();
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    dd_heap_simulate_tracer(false);
-    ddheap_test_set_probe_hook(NULL, NULL);
-    const char *why = rec_unbalanced(true);
-    if (why)
-        fail_msg("probe stream: %s", why);
-    assert_int_equal(ra_live(), 0);
-    assert_int_equal(ra_errors(), 0);
-    assert_int_equal(ddheap_test_live_marked(), marked_before);
-    return 0;
 }
 
 static void run_thread(void *(*body)(void *), void *arg)
@@ -221,7 +196,7 @@ static void test_free_foreign_blocks_at_exit(void **state)
     struct blocks b = {0};
     assert_int_equal(pthread_key_create(&key, foreign_free_dtor), 0);
     run_thread(producer_body, &b);
-    assert_int_equal(ddheap_test_live_marked(), marked_before + BLOCKS);
+    assert_int_equal(ddheap_test_live_marked(), robust_marked_before + BLOCKS);
     run_thread(consumer_body, &b);
     pthread_key_delete(key);
     assert_int_equal(rec_count(DD_PROBE_FREE), BLOCKS + 1);
@@ -230,10 +205,10 @@ static void test_free_foreign_blocks_at_exit(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_key_destructor_frees, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_first_call_in_destructor, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_thread_local_destructor, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_free_foreign_blocks_at_exit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_key_destructor_frees, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_first_call_in_destructor, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_thread_local_destructor, robust_setup, robust_teardown),
+        cmocka_unit_test_setup_teardown(test_free_foreign_blocks_at_exit, robust_setup, robust_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
