@@ -17,6 +17,7 @@
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <limits.h>
 
 #define _SDT_HAS_SEMAPHORES 1
@@ -82,13 +83,17 @@ void ddheap_test_set_probe_hook(dd_probe_hook_fn hook, void *ctx)
     __atomic_store_n(&probe_hook, hook, __ATOMIC_RELEASE);
 }
 
+/* The hook is foreign code inside someone's malloc: errno is kept around
+ * it here, the only place a probe can change it (the probe sites are nops). */
 static void call_hook(dd_probe_kind_t kind, uintptr_t ptr, uintptr_t new_ptr, uint64_t size,
                       uint64_t weight)
 {
     dd_probe_hook_fn hook = __atomic_load_n(&probe_hook, __ATOMIC_ACQUIRE);
     if (hook) {
+        int saved_errno = errno;
         dd_probe_event_t ev = {kind, ptr, new_ptr, size, weight};
         hook(&ev, __atomic_load_n(&probe_hook_ctx, __ATOMIC_RELAXED));
+        errno = saved_errno;
     }
 }
 

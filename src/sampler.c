@@ -212,10 +212,7 @@ void *ddheap__sample_created(void *raw, dd_alloc_req_t req)
         return raw;
     }
 #endif
-    /* The probe is a nop, but a test hook behind it is foreign code. */
-    int saved_errno = errno;
-    ddheap_fire_alloc((uintptr_t)user, req.user_size, req.weight);
-    errno = saved_errno;
+    ddheap_fire_alloc((uintptr_t)user, req.user_size, req.weight); /* keeps errno */
     return user;
 }
 
@@ -224,16 +221,12 @@ dd_alloc_freed_t ddheap__release(void *user, size_t size)
     dd_alloc_freed_t out = {user, size};
 #if DDHEAP_LIVE_HEAP
     struct ddheap_mark m;
-    /* Unmarking touches only memory and atomics; errno is kept around the
-     * probe, whose test hook is foreign code. */
+    /* Unmarking touches only memory and atomics, the probe keeps errno. */
     if (ddheap_unmark(user, &m)) {
         /* Report first: once the real free runs, the address may be
          * handed out (and reported) again by another thread. */
-        if (m.reported) {
-            int saved_errno = errno;
+        if (m.reported)
             ddheap_fire_free((uintptr_t)user);
-            errno = saved_errno;
-        }
         out.ptr = m.raw;
         out.size = size ? size + m.extra : 0;
     }

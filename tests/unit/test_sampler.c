@@ -252,6 +252,30 @@ static void test_errno_preserved(void **state)
     tracer_off();
 }
 
+/* A probe hook is foreign code: whatever it does to errno stays inside. */
+static void clobbering_hook(const dd_probe_event_t *ev, void *ctx)
+{
+    (void)ev;
+    (void)ctx;
+    errno = EIO;
+}
+
+static void test_errno_survives_the_hook(void **state)
+{
+    (void)state;
+    tracer_on(1);
+    ddheap_test_set_probe_hook(clobbering_hook, NULL);
+    errno = 4242;
+    void *p = t_malloc(100); /* alloc probe */
+    assert_int_equal(errno, 4242);
+    p = t_realloc(p, 9000); /* free, alloc and realloc probes */
+    assert_int_equal(errno, 4242);
+    t_free(p); /* free probe */
+    assert_int_equal(errno, 4242);
+    assert_int_equal(fake.live, 0);
+    tracer_off();
+}
+
 /* An allocation made while the thread is inside the cold path (a signal
  * handler, say) passes through unsampled. */
 static void test_reentry_passes_through(void **state)
@@ -295,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_interval_change_is_immediate),
         cmocka_unit_test(test_seed_repeats),
         cmocka_unit_test(test_errno_preserved),
+        cmocka_unit_test(test_errno_survives_the_hook),
         cmocka_unit_test(test_reentry_passes_through),
         cmocka_unit_test(test_failed_allocation_reports_nothing),
     };
