@@ -84,17 +84,25 @@ void ddheap_test_set_probe_hook(dd_probe_hook_fn hook, void *ctx)
 }
 
 /* The hook is foreign code inside someone's malloc: errno is kept around
- * it here, the only place a probe can change it (the probe sites are nops). */
-static void call_hook(dd_probe_kind_t kind, uintptr_t ptr, uintptr_t new_ptr, uint64_t size,
-                      uint64_t weight)
+ * it here, the only place a probe can change it (the probe sites are nops).
+ * Out of line, so that the probe functions stay frame-light when no hook
+ * is set (bench/: saving errno inline cost 13 instructions per probe). */
+__attribute__((noinline, cold)) static void run_hook(dd_probe_hook_fn hook, dd_probe_kind_t kind,
+                                                     uintptr_t ptr, uintptr_t new_ptr,
+                                                     uint64_t size, uint64_t weight)
+{
+    int saved_errno = errno;
+    dd_probe_event_t ev = {kind, ptr, new_ptr, size, weight};
+    hook(&ev, __atomic_load_n(&probe_hook_ctx, __ATOMIC_RELAXED));
+    errno = saved_errno;
+}
+
+static inline void call_hook(dd_probe_kind_t kind, uintptr_t ptr, uintptr_t new_ptr, uint64_t size,
+                             uint64_t weight)
 {
     dd_probe_hook_fn hook = __atomic_load_n(&probe_hook, __ATOMIC_ACQUIRE);
-    if (hook) {
-        int saved_errno = errno;
-        dd_probe_event_t ev = {kind, ptr, new_ptr, size, weight};
-        hook(&ev, __atomic_load_n(&probe_hook_ctx, __ATOMIC_RELAXED));
-        errno = saved_errno;
-    }
+    if (hook)
+        run_hook(hook, kind, ptr, new_ptr, size, weight);
 }
 
 /* noinline (+ noclone for GCC, whose IPA could otherwise specialise a copy
