@@ -65,20 +65,36 @@ bool ddheap_table_insert(uintptr_t user, uint64_t meta);
 bool ddheap_table_find(uintptr_t user, uint64_t *meta);
 bool ddheap_table_remove(uintptr_t user, uint64_t *meta);
 
-/* meta word helpers (layout in ddheap/coldpath.h) */
-static inline uint64_t ddheap_meta(uint32_t offset, size_t extra, bool reported)
+/* meta word of a table slot (mark_table.c):
+ *   bits  0..31  offset: user pointer minus raw pointer
+ *   bits 32..62  extra: bytes added to the user's size in the real request
+ *   bit  63      reported: an alloc probe fired for this block, so its free
+ *                must fire one (realloc may mark without reporting)
+ * A header's meta word packs the same facts differently, with a keyed tag
+ * (mark_header.c). */
+#define DDHEAP_TABLE_META_REPORTED (UINT64_C(1) << 63)
+
+static inline uint64_t ddheap_table_meta(uint32_t offset, size_t extra, bool reported)
 {
-    return (uint64_t)offset | ((uint64_t)extra << 32) | (reported ? DDHEAP__META_REPORTED : 0);
+    return (uint64_t)offset | ((uint64_t)extra << 32) | (reported ? DDHEAP_TABLE_META_REPORTED : 0);
 }
 
-static inline struct ddheap_mark ddheap_meta_decode(uintptr_t user, uint64_t meta)
+static inline struct ddheap_mark ddheap_table_meta_decode(uintptr_t user, uint64_t meta)
 {
     struct ddheap_mark m;
     m.offset = (uint32_t)meta;
-    m.extra = (size_t)((meta & ~DDHEAP__META_REPORTED) >> 32);
-    m.reported = (meta & DDHEAP__META_REPORTED) != 0;
+    m.extra = (size_t)((meta & ~DDHEAP_TABLE_META_REPORTED) >> 32);
+    m.reported = (meta & DDHEAP_TABLE_META_REPORTED) != 0;
     m.raw = (void *)(user - m.offset);
     return m;
 }
+
+#if !DDHEAP_MARK_TBI
+/* The two words of a header for a block at `user` (mark_header.c), exposed
+ * for tests that forge headers. Returns false when offset/extra cannot be
+ * encoded (not multiples of 16 below a page, or offset below 16). */
+bool ddheap_header_words(uintptr_t user, uint32_t offset, size_t extra, bool reported,
+                         uint64_t words[2]);
+#endif
 
 #endif /* DDHEAP_MARK_H */

@@ -2,14 +2,31 @@
  * Header marking (x86-64; aarch64 with -Darm64_marking=header).
  *
  *   raw                      user = raw + step
- *   |  ...slack...  | check | meta |  user data (size bytes)  |
- *                    <-- 16 bytes -->
+ *   |  ...slack...  | filter | meta |  user data (size bytes)  |
+ *                    <--- 16 bytes -->
  *
  * step = max(alignment, 16) for alignments below a page, so the request
  * grows by step bytes and the user pointer keeps the alignment the real
- * allocator gave raw. meta holds the offset (step), the extra bytes (step)
- * and the reported bit; check = ddheap__check_word(user, meta) (fastpath.h),
- * keyed by the process secret, so neither forged nor copied bytes pass.
+ * allocator gave raw.
+ *
+ * The two words, both keyed by the process secret (shared.c) and bound to
+ * the block's own address:
+ *
+ *   filter = user ^ key_filter
+ *   meta   = offset/16 (bits 0..7) | extra/16 (bits 8..15) | reported (bit 16)
+ *          | tag (bits 17..63)
+ *   tag    = top 47 bits of ((rot32((user ^ key_xor) * key_mul) ^ fields) * key_mul)
+ *
+ * The inline free path compares only the filter word (ddheap/fastpath.h:
+ * load, XOR, compare, branch), so the frees of unsampled blocks pay four
+ * instructions while something is live. The filter alone is not a proof: a
+ * leaked header reveals key_filter. The cold path therefore verifies the
+ * tag (lookup, below), whose keys a header does not reveal, before it
+ * trusts offset and extra. The tag binds address and fields after a
+ * multiply and a rotation: were they simply XORed, a header copied from
+ * block x to y with its fields adjusted by x ^ y would pass, the forgery
+ * tests/fuzz/fuzz_forge.c looks for. Forging a header for another address
+ * or other fields means guessing 47 bits.
  *
  * Page rule: a user pointer in the first 16 bytes of a page never carries a
  * readable header, so the free path can refuse such pointers without
@@ -48,29 +65,67 @@ size_t ddheap_mark_extra(size_t alignment)
 
 static void count_marked(int delta)
 {
-    __atomic_add_fetch(&ddheap_shared_v1.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+}
+
+#define FIELD_BITS 17
+#define FIELD_MASK ((UINT64_C(1) << FIELD_BITS) - 1)
+#define REPORTED_FIELD (UINT64_C(1) << 16)
+
+/* offset and extra are multiples of 16 below a page (mark_extra and
+ * realloc.c make them so); anything else cannot be a header's. */
+static bool encode_fields(uint32_t offset, size_t extra, bool reported, uint64_t *fields)
+{
+    if (offset < DDHEAP__HEADER || offset % 16 || extra % 16 || extra < offset ||
+        extra >= DDHEAP__PAGE)
+        return false;
+    *fields = (uint64_t)(offset / 16) | (uint64_t)(extra / 16) << 8 |
+              (reported ? REPORTED_FIELD : 0);
+    return true;
+}
+
+static uint64_t rot32(uint64_t x)
+{
+    return x >> 32 | x << 32;
+}
+
+/* The keyed tag of a header at `user` with these fields, in bits 17..63. */
+static uint64_t header_tag(uintptr_t user, uint64_t fields, uint64_t key_xor, uint64_t key_mul)
+{
+    uint64_t a = rot32(((uint64_t)user ^ key_xor) * key_mul) ^ fields;
+    return (a * key_mul) & ~FIELD_MASK;
+}
+
+bool ddheap_header_words(uintptr_t user, uint32_t offset, size_t extra, bool reported,
+                         uint64_t words[2])
+{
+    const struct ddheap__shared *sh = &ddheap_shared_v2;
+    uint64_t fields;
+    if (!encode_fields(offset, extra, reported, &fields))
+        return false;
+    words[0] = (uint64_t)user ^ sh->key_filter;
+    words[1] = fields | header_tag(user, fields, sh->key_xor, sh->key_mul);
+    return true;
 }
 
 void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
 {
     uintptr_t user = (uintptr_t)raw + offset;
-    uint64_t meta = ddheap_meta(offset, extra, reported);
     /* The keys are normally derived by the constructor; only an allocation
      * made before it pays the call (getauxval may set errno). */
-    if (DDHEAP__UNLIKELY(!__atomic_load_n(&ddheap_shared_v1.keys_ready, __ATOMIC_ACQUIRE))) {
+    if (DDHEAP__UNLIKELY(!__atomic_load_n(&ddheap_shared_v2.keys_ready, __ATOMIC_ACQUIRE))) {
         int saved_errno = errno;
         ddheap_ensure_keys();
         errno = saved_errno;
     }
     if (on_page_start(user)) {
-        if (!ddheap_table_insert(user, meta))
+        if (!ddheap_table_insert(user, ddheap_table_meta(offset, extra, reported)))
             return NULL;
     } else {
-        if (offset < DDHEAP__HEADER)
+        uint64_t words[2];
+        if (!ddheap_header_words(user, offset, extra, reported, words))
             return NULL; /* no room for a header inside the block */
-        uint64_t check = ddheap__check_word(user, meta);
-        __builtin_memcpy((char *)user - DDHEAP__HEADER, &check, sizeof check);
-        __builtin_memcpy((char *)user - DDHEAP__HEADER + 8, &meta, sizeof meta);
+        __builtin_memcpy((char *)user - DDHEAP__HEADER, words, sizeof words);
     }
     count_marked(1);
     return (void *)user;
@@ -94,39 +149,44 @@ void ddheap_test_fail_tagging(bool fail)
     (void)fail;
 }
 
-/* A header that passed the keyed check also has to make sense; anything
- * else is treated as unmarked (the pointer goes to the real free as is). */
-static bool plausible_header_meta(uint64_t meta)
+/* Whether the 16 bytes before `user` are a header written by mark_at for
+ * this very address; if so, what it says. The fast path compared the
+ * filter word with keys it read without ordering; here they are read after
+ * keys_ready with acquire ordering, and the tag decides. */
+DDHEAP__NO_SANITIZE_PEEK
+static bool ddheap_header_read(uintptr_t user, struct ddheap_mark *out)
 {
-    uint32_t offset = (uint32_t)meta;
-    uint64_t extra = (meta & ~DDHEAP__META_REPORTED) >> 32;
-    return offset >= DDHEAP__HEADER && offset % DDHEAP__HEADER == 0 && offset <= extra &&
-           extra < DDHEAP__PAGE;
+    const struct ddheap__shared *sh = &ddheap_shared_v2;
+    if (!__atomic_load_n(&sh->keys_ready, __ATOMIC_ACQUIRE))
+        return false;
+    uint64_t words[2];
+    __builtin_memcpy(words, (const char *)user - DDHEAP__HEADER, sizeof words);
+    uint64_t fields = words[1] & FIELD_MASK;
+    if ((words[0] ^ (uint64_t)user) != sh->key_filter ||
+        (words[1] & ~FIELD_MASK) != header_tag(user, fields, sh->key_xor, sh->key_mul))
+        return false;
+    out->offset = (uint32_t)(fields & 0xff) * 16;
+    out->extra = (size_t)((fields >> 8) & 0xff) * 16;
+    out->reported = (fields & REPORTED_FIELD) != 0;
+    out->raw = (void *)(user - out->offset);
+    /* A tag is only ever computed over encodable fields; re-checked so that
+     * a key collision can never yield an offset outside the block. */
+    return out->offset >= DDHEAP__HEADER && out->offset <= out->extra;
 }
 
-DDHEAP__NO_SANITIZE_PEEK
 bool ddheap_mark_lookup(void *ptr, struct ddheap_mark *out)
 {
     uintptr_t user = (uintptr_t)ptr;
-    uint64_t meta;
-    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v1.live_marked, __ATOMIC_RELAXED) == 0)
+    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v2.live_marked, __ATOMIC_RELAXED) == 0)
         return false;
     if (on_page_start(user)) {
+        uint64_t meta;
         if (!ddheap_table_find(user, &meta))
             return false;
-    } else {
-        /* The fast path may have read keys before they were visible to this
-         * thread; re-check with acquire ordering before trusting a match. */
-        if (!__atomic_load_n(&ddheap_shared_v1.keys_ready, __ATOMIC_ACQUIRE))
-            return false;
-        uint64_t check;
-        __builtin_memcpy(&check, (const char *)user - DDHEAP__HEADER, sizeof check);
-        __builtin_memcpy(&meta, (const char *)user - DDHEAP__HEADER + 8, sizeof meta);
-        if (check != ddheap__check_word(user, meta) || !plausible_header_meta(meta))
-            return false;
+        *out = ddheap_table_meta_decode(user, meta);
+        return true;
     }
-    *out = ddheap_meta_decode(user, meta);
-    return true;
+    return ddheap_header_read(user, out);
 }
 
 bool ddheap_unmark(void *ptr, struct ddheap_mark *out)

@@ -134,7 +134,7 @@ size_t ddheap_mark_extra(size_t alignment)
 
 static void count_marked(int delta)
 {
-    __atomic_add_fetch(&ddheap_shared_v1.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
 }
 
 void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)

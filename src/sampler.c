@@ -32,7 +32,7 @@
 
 #include <errno.h>
 
-__thread struct ddheap__thread ddheap__thread_state __attribute__((tls_model("initial-exec")));
+__thread struct ddheap__thread ddheap__thread_state __attribute__((tls_model(DDHEAP__TLS_MODEL)));
 
 /* Process configuration. `interval` and `epoch` change at run time through
  * the API; a thread adopts them when its epoch differs from the global one. */

@@ -28,12 +28,12 @@
 _Static_assert(sizeof(struct ddheap__shared) == DDHEAP_SHARED_SIZE,
                "update DDHEAP_SHARED_SIZE (and the _v suffix if the layout changed)");
 
-__asm__(".pushsection .bss.ddheap_shared_v1,\"aw\",%nobits\n"
-        ".globl ddheap_shared_v1\n"
-        ".type ddheap_shared_v1, %gnu_unique_object\n"
-        ".size ddheap_shared_v1, " DDHEAP_STR(DDHEAP_SHARED_SIZE) "\n"
+__asm__(".pushsection .bss.ddheap_shared_v2,\"aw\",%nobits\n"
+        ".globl ddheap_shared_v2\n"
+        ".type ddheap_shared_v2, %gnu_unique_object\n"
+        ".size ddheap_shared_v2, " DDHEAP_STR(DDHEAP_SHARED_SIZE) "\n"
         ".balign 64\n"
-        "ddheap_shared_v1:\n"
+        "ddheap_shared_v2:\n"
         ".zero " DDHEAP_STR(DDHEAP_SHARED_SIZE) "\n"
         ".popsection\n");
 
@@ -98,10 +98,11 @@ uint64_t ddheap_process_secret(uint64_t domain)
 
 void ddheap_ensure_keys(void)
 {
-    struct ddheap__shared *s = &ddheap_shared_v1;
+    struct ddheap__shared *s = &ddheap_shared_v2;
     if (__atomic_load_n(&s->keys_ready, __ATOMIC_ACQUIRE))
         return;
     /* Every copy computes the same values, so racing writers agree. */
+    __atomic_store_n(&s->key_filter, ddheap_process_secret(4), __ATOMIC_RELAXED);
     __atomic_store_n(&s->key_xor, ddheap_process_secret(1), __ATOMIC_RELAXED);
     __atomic_store_n(&s->key_mul, ddheap_process_secret(2) | 1, __ATOMIC_RELAXED);
     __atomic_store_n(&s->keys_ready, 1, __ATOMIC_RELEASE);
@@ -109,5 +110,5 @@ void ddheap_ensure_keys(void)
 
 uint64_t ddheap_test_live_marked(void)
 {
-    return __atomic_load_n(&ddheap_shared_v1.live_marked, __ATOMIC_RELAXED);
+    return __atomic_load_n(&ddheap_shared_v2.live_marked, __ATOMIC_RELAXED);
 }

@@ -38,11 +38,22 @@ struct ddheap__thread {
     uint8_t unused;
 };
 
-/* initial-exec: a plain %fs/tpidr_el0-relative access in the caller's code,
- * whether that code is an executable or a shared library (a dlopen'ed one
- * draws on glibc's static TLS reserve, which this small block fits). */
+/* The TLS access model of the countdown decides the cost of every traced
+ * allocation. In a shared library (-fPIC without -fPIE): initial-exec, a
+ * %fs/tpidr_el0-relative access through an offset loaded from the GOT (a
+ * dlopen'ed library draws on glibc's static TLS reserve, which this small
+ * block fits). In an executable: local-exec, the offset is a link-time
+ * constant inside the access itself, one load less. The symbol is hidden,
+ * so it is always defined in the module that uses it, as local-exec needs;
+ * code built for an executable but linked into a shared library is refused
+ * by the linker (R_X86_64_TPOFF32), never miscompiled. */
+#if defined(__PIC__) && !defined(__PIE__)
+#define DDHEAP__TLS_MODEL "initial-exec"
+#else
+#define DDHEAP__TLS_MODEL "local-exec"
+#endif
 extern __thread struct ddheap__thread ddheap__thread_state
-    __attribute__((tls_model("initial-exec"))) DDHEAP__HIDDEN;
+    __attribute__((tls_model(DDHEAP__TLS_MODEL))) DDHEAP__HIDDEN;
 
 /* The alloc-probe semaphores of both providers, adjacent in `.probes`
  * (src/probes.c), read as one 32-bit word: non-zero iff a tracer (or
@@ -71,12 +82,16 @@ struct ddheap__shared {
      * bounce between cores with it. */
     uint64_t live_marked;
     uint64_t line0_pad[7];
-    /* Check-word keys, derived from AT_RANDOM (identical in every copy);
-     * written once before the first block is marked, then only read. */
+    /* Header keys, derived from AT_RANDOM (identical in every copy);
+     * written once before the first block is marked, then only read.
+     * key_filter makes a header's first word (user ^ key_filter), which the
+     * inline free path compares; key_xor and key_mul make the tag in its
+     * meta word, which the cold path verifies (src/mark_header.c). */
+    uint64_t key_filter;
     uint64_t key_xor;
     uint64_t key_mul; /* odd */
     uint64_t keys_ready;
-    uint64_t line1_pad[5];
+    uint64_t line1_pad[4];
     /* Table of marked blocks whose user pointer is in the first 16 bytes
      * of a page (no room for a readable header): page-and-larger aligned
      * blocks, and the rare small block that lands there. */
@@ -86,14 +101,7 @@ struct ddheap__shared {
     struct ddheap__table_slot table[DDHEAP__TABLE_SLOTS];
 };
 
-extern struct ddheap__shared ddheap_shared_v1 __attribute__((visibility("default")));
-
-/* meta word of a mark (header or table slot):
- *   bits  0..31  offset: user pointer minus raw pointer
- *   bits 32..62  extra: bytes added to the user's size in the real request
- *   bit  63      reported: an alloc probe fired for this block, so its free
- *                must fire one (realloc may mark without reporting) */
-#define DDHEAP__META_REPORTED (UINT64_C(1) << 63)
+extern struct ddheap__shared ddheap_shared_v2 __attribute__((visibility("default")));
 
 /* Cold-path entry points (src/). */
 struct dd_alloc_req;

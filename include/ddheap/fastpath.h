@@ -7,8 +7,9 @@
  *   created:                one test of req.weight (folded by the compiler
  *                           into the branches above when it can see both)
  *   freed, nothing marked:  one load (live_marked), one branch
- *   freed, something live:  + the page test, a 16-byte read and the keyed
- *                           check (header scheme) / one compare (aarch64 TBI)
+ *   freed, something live:  + the page test and the keyed filter on the
+ *                           header's first word (header scheme) / one
+ *                           compare (aarch64 TBI)
  *   realloc prepare/commit: the tests of an allocation and of a free, unless
  *                           the old block is marked or the new one sampled
  *
@@ -67,29 +68,18 @@ static inline int ddheap__nonzero64(const uint64_t *word)
 }
 #endif
 
-/* The keyed check word of a header at `user` carrying `meta`. The address
- * is mixed with the keys first; meta joins only after a multiply and a
- * rotation. Were address and meta simply XORed together, a header copied
- * from block x to y with meta ^= x ^ y would pass: a forgery that a slab
- * neighbour can make from one leaked header (tests/fuzz/fuzz_forge.c).
- * The multiply by a secret odd key spreads every bit upwards; the rotation
- * brings the well-mixed high half down, so no bit of the result depends on
- * low bits only, and without the keys no byte pattern can be made to pass. */
-static inline uint64_t ddheap__check_word(uintptr_t user, uint64_t meta)
-{
-    uint64_t a = ((uint64_t)user ^ ddheap_shared_v1.key_xor) * ddheap_shared_v1.key_mul;
-    a = (a >> 32 | a << 32) ^ meta;
-    return a * ddheap_shared_v1.key_mul;
-}
-
-/* Whether the 16 bytes before `user` hold a valid header. The caller has
- * made sure `user` is not in the first 16 bytes of a page, so the read stays
- * within the page `user` points into and never faults. The read looks at
- * bytes that, for an unsampled block, belong to the allocator or to a
- * neighbouring object, which may be freed or being written by another
- * thread: address and thread sanitizers are told not to check it (the
- * bytes are compared, never used, unless the keyed check passes; a torn or
- * stale value can only fail the check). */
+/* Whether the first word of a header could stand before `user`: it is
+ * (user ^ key_filter). The caller has made sure `user` is not in the first
+ * 16 bytes of a page, so the read stays within the page `user` points into
+ * and never faults. A match sends the free to the cold path, which reads
+ * the keys with acquire ordering and verifies the keyed tag in the meta
+ * word (src/mark_header.c) before trusting anything: this test only has to
+ * be rare for bytes that are not a header, and it is: the word must equal
+ * the address XOR a secret. For an unsampled block the bytes read belong to
+ * the allocator or to a neighbouring object, which may be freed or being
+ * written by another thread: address and thread sanitizers are told not to
+ * check the read (the word is compared, never used; a torn or stale value
+ * can only fail the test, or send a free to the cold path that refuses it). */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define DDHEAP__NO_SANITIZE_PEEK __attribute__((no_sanitize_address, no_sanitize_thread))
 #elif defined(__has_feature)
@@ -102,13 +92,72 @@ static inline uint64_t ddheap__check_word(uintptr_t user, uint64_t meta)
 #endif
 
 DDHEAP__NO_SANITIZE_PEEK
-static inline int ddheap__header_matches(uintptr_t user)
+static inline int ddheap__header_filter_matches(uintptr_t user)
 {
-    uint64_t check, meta;
-    __builtin_memcpy(&check, (const char *)user - DDHEAP__HEADER, sizeof check);
-    __builtin_memcpy(&meta, (const char *)user - DDHEAP__HEADER + 8, sizeof meta);
-    return check == ddheap__check_word(user, meta);
+#if defined(__x86_64__)
+    /* As for the countdown: jump away in the common case (no match). The
+     * header word is the memory operand (a may_alias type: it is read
+     * whatever the bytes are), so the key's address is not shared with the
+     * live_marked test and that test stays one instruction on every free. */
+    typedef uint64_t __attribute__((may_alias)) any_word;
+    uint64_t expected = ddheap_shared_v2.key_filter ^ (uint64_t)user;
+    __asm__ goto("cmpq %1, %0\n\tjne %l[differs]"
+                 :
+                 : "m"(*(const any_word *)(user - DDHEAP__HEADER)), "r"(expected)
+                 : "cc"
+                 : differs);
+    return 1;
+differs:
+    return 0;
+#else
+    uint64_t word;
+    __builtin_memcpy(&word, (const char *)user - DDHEAP__HEADER, sizeof word);
+    return (word ^ (uint64_t)user) == ddheap_shared_v2.key_filter;
+#endif
 }
+
+/* Counts an allocation of `size` bytes down the thread's countdown and
+ * returns 0, or returns 1 when the next sample point falls inside the block
+ * (countdown < size). The countdown is then left at 0, which tells the cold
+ * path exactly that, whatever the subtraction left behind: on x86-64 the
+ * common case is one subtract from thread-local memory and one branch on
+ * its borrow (GCC otherwise loads, subtracts, branches and stores: two
+ * instructions more on every traced allocation), so a borrow briefly
+ * leaves a wrapped value. A signal handler that allocates in that window
+ * sees a huge countdown and passes unsampled; had the value been restored
+ * by adding `size` back, the handler's bytes would have stayed subtracted
+ * from a wrapped value and stopped the thread sampling for good. The
+ * "memory" clobber, not an output operand, tells the compiler the
+ * countdown changed: GCC 12 drops the label's code when an asm goto has a
+ * "+m" output. */
+#if defined(__x86_64__)
+static inline int ddheap__countdown_borrows(uint64_t size)
+{
+    /* The jump is taken in the common case, straight to the caller's
+     * continuation; jumping on the borrow instead made GCC jump back from
+     * the fall-through, one instruction more. */
+    __asm__ goto("subq %1, %0\n\tjae %l[enough]"
+                 :
+                 : "m"(ddheap__thread_state.countdown), "r"(size)
+                 : "cc", "memory"
+                 : enough);
+    ddheap__thread_state.countdown = 0;
+    return 1;
+enough:
+    return 0;
+}
+#else
+static inline int ddheap__countdown_borrows(uint64_t size)
+{
+    uint64_t left;
+    if (DDHEAP__UNLIKELY(__builtin_sub_overflow(ddheap__thread_state.countdown, size, &left))) {
+        ddheap__thread_state.countdown = 0; /* as on x86-64 */
+        return 1;
+    }
+    ddheap__thread_state.countdown = left;
+    return 0;
+}
+#endif
 
 /*
  * Call before the real allocation. Hand the real allocator req.size and
@@ -117,14 +166,9 @@ static inline int ddheap__header_matches(uintptr_t user)
 static inline dd_alloc_req_t dd_allocation_requested(size_t size, size_t alignment)
 {
     dd_alloc_req_t req = {size, size, alignment, 0};
-    if (DDHEAP__UNLIKELY(ddheap__nonzero32(&ddheap__tracer_gate))) {
-        uint64_t left;
-        /* A borrow means the next sample point falls inside this block. */
-        if (DDHEAP__UNLIKELY(__builtin_sub_overflow(ddheap__thread_state.countdown,
-                                                    (uint64_t)size, &left)))
-            return ddheap__sample_request(size, alignment);
-        ddheap__thread_state.countdown = left;
-    }
+    if (DDHEAP__UNLIKELY(ddheap__nonzero32(&ddheap__tracer_gate)) &&
+        DDHEAP__UNLIKELY(ddheap__countdown_borrows((uint64_t)size)))
+        return ddheap__sample_request(size, alignment);
     return req;
 }
 
@@ -141,7 +185,7 @@ static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
 
 /* Whether `ptr` may be a marked block, i.e. whether its free or realloc
  * must go through the cold path. Exact for pointer tags; for headers a
- * match is re-verified there. With nothing marked in the process: one
+ * match is verified there. With nothing marked in the process: one
  * compare and one branch. */
 static inline int ddheap__may_be_marked(void *ptr)
 {
@@ -151,14 +195,14 @@ static inline int ddheap__may_be_marked(void *ptr)
 #elif DDHEAP_MARK_TBI
     return ((uintptr_t)ptr >> 56) == DDHEAP__TAG;
 #else
-    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v1.live_marked)))
+    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v2.live_marked)))
         return 0;
     uintptr_t user = (uintptr_t)ptr;
     /* Page rule: a marked block never has a header-marked user pointer in
      * the first 16 bytes of a page; those are looked up instead. */
     if ((user & (DDHEAP__PAGE - 1)) >= DDHEAP__HEADER)
-        return ddheap__header_matches(user);
-    return ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v1.table_live) != 0;
+        return ddheap__header_filter_matches(user);
+    return ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v2.table_live) != 0;
 #endif
 }
 
@@ -194,12 +238,9 @@ static inline dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, si
         dd_realloc_prep_t prep = {old_user, new_size, new_size, 0, 0, 0, 0, 0};
         if (DDHEAP__LIKELY(!ddheap__nonzero32(&ddheap__tracer_gate)))
             return prep; /* nothing to sample, nothing to unmark */
-        uint64_t left; /* the new block counts as an allocation of new_size */
-        if (DDHEAP__LIKELY(!__builtin_sub_overflow(ddheap__thread_state.countdown,
-                                                   (uint64_t)new_size, &left))) {
-            ddheap__thread_state.countdown = left;
+        /* the new block counts as an allocation of new_size */
+        if (DDHEAP__LIKELY(!ddheap__countdown_borrows((uint64_t)new_size)))
             return prep; /* not sampled either */
-        }
     }
     return ddheap__realloc_prepare(old_user, new_size);
 }

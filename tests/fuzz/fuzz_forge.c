@@ -7,10 +7,13 @@
  *
  *   - raw input bytes;
  *   - an exact copy of a real header taken from a sampled block;
- *   - such a copy with its meta word edited by input bits, or XOR-adjusted
- *     by the distance between the two addresses (the edit that would
- *     defeat a check word in which address and meta only meet by XOR);
- *   - a header computed with guessed keys;
+ *   - such a copy with its meta word edited by input bits, or with both
+ *     words XOR-adjusted by the distance between the two addresses (the
+ *     edit that would defeat a tag in which address and fields only meet
+ *     by XOR);
+ *   - the right filter word for the position (key_filter is no secret to
+ *     whoever saw one header: it is the first word XOR the address) with
+ *     an input-chosen meta word, or with a tag computed with guessed keys;
  *
  * and frees each position. No forged header may be accepted: the free must
  * hand back exactly the pointer and size it was given, and report nothing.
@@ -99,6 +102,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             memset(s->header, 0, 16);
     }
     CHECK(ddheap_test_live_marked() == marked_before + (uint64_t)nreal);
+    /* What a forger learns from one leaked header: its first word XOR its
+     * address is key_filter. */
+    uint64_t leaked_filter_key = 0;
+    for (int i = 0; i < nreal; i++) {
+        if (((uintptr_t)real[i].user & (PAGE - 1)) >= 16) {
+            uint64_t word;
+            memcpy(&word, real[i].header, 8);
+            leaked_filter_key = word ^ (uint64_t)(uintptr_t)real[i].user;
+            break;
+        }
+    }
 
     /* Forgeries anywhere in the arena outside the real blocks (their raw
      * blocks, headers included, are the application's live memory). */
@@ -135,22 +149,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             meta ^= take(&in, 8);
             memcpy(h + 8, &meta, 8);
             break;
-        case 3: /* a copy whose meta absorbs the address difference */
+        case 3: /* a copy whose two words absorb the address difference */
             memcpy(h, src->header, 16);
+            memcpy(&check, h, 8);
             memcpy(&meta, h + 8, 8);
-            meta ^= (uint64_t)((uintptr_t)y ^ (uintptr_t)src->user);
+            check ^= (uint64_t)((uintptr_t)y ^ (uintptr_t)src->user);
+            meta ^= (uint64_t)((uintptr_t)y ^ (uintptr_t)src->user) << (take(&in, 1) & 31);
+            memcpy(h, &check, 8);
             memcpy(h + 8, &meta, 8);
             break;
         case 4: /* a copy shifted by a few bytes, as a misaligned neighbour would hold it */
             memcpy(h, src->header + 8, 8);
             memcpy(h + 8, src->header, 8);
             break;
-        default: /* a header computed with guessed keys */
+        case 5: /* the leaked filter key, an input-chosen meta word */
+            check = leaked_filter_key ^ (uint64_t)(uintptr_t)y;
             meta = take(&in, 8);
-            check = (((uint64_t)(uintptr_t)y ^ meta ^ take(&in, 8)) * (take(&in, 8) | 1));
             memcpy(h, &check, 8);
             memcpy(h + 8, &meta, 8);
             break;
+        default: { /* the leaked filter key, a tag computed with guessed keys */
+            uint64_t fields = take(&in, 3) & 0x1ffff;
+            uint64_t guess_xor = take(&in, 8), guess_mul = take(&in, 8) | 1;
+            uint64_t a = ((uint64_t)(uintptr_t)y ^ guess_xor) * guess_mul;
+            a = (a >> 32 | a << 32) ^ fields;
+            check = leaked_filter_key ^ (uint64_t)(uintptr_t)y;
+            meta = fields | ((a * guess_mul) & ~UINT64_C(0x1ffff));
+            memcpy(h, &check, 8);
+            memcpy(h + 8, &meta, 8);
+            break;
+        }
         }
         memcpy(y - 16, h, 16);
         size_t claimed = (size_t)take(&in, 2);

@@ -42,7 +42,7 @@ static void check_one(size_t alignment, size_t raw_offset, bool sized, size_t *i
     memset(user, 0x5a, size);
     if ((u & 4095) < DDHEAP__HEADER) {
         (*in_table)++; /* page rule: no header here, the table knows it */
-        assert_true(ddheap_shared_v1.table_live > 0);
+        assert_true(ddheap_shared_v2.table_live > 0);
     } else {
         assert_false(header_is_zero(user));
     }
@@ -73,7 +73,7 @@ static void test_header_invariants_every_alignment_and_offset(void **state)
     assert_int_equal(rec.frees, cases);
     assert_int_equal(fake.live, 0);
     assert_int_equal(ddheap_test_live_marked(), 0);
-    assert_int_equal(ddheap_shared_v1.table_live, 0);
+    assert_int_equal(ddheap_shared_v2.table_live, 0);
     tracer_off();
 }
 
@@ -127,7 +127,7 @@ static void test_forged_headers_refused(void **state)
     (void)state;
     struct forge_setup s;
     forge_begin(&s);
-    uint64_t meta_good = ddheap_meta(16, 16, true);
+    uint64_t meta_good = 1 | 1 << 8 | 1 << 16; /* offset 16, extra 16, reported; no tag */
     uint64_t forged[][2] = {
         {0, 0},
         {0, meta_good},
@@ -153,12 +153,40 @@ static void test_forged_headers_refused(void **state)
         memcpy(s.victim - DDHEAP__HEADER, h, sizeof h);
         expect_refused(&s, "random bytes");
     }
-    /* A header computed with the right formula but wrong keys. */
-    uint64_t meta = ddheap_meta(64, 64, true);
-    uint64_t wrong = ((uintptr_t)s.victim ^ meta ^ 0x1234) * (ddheap_shared_v1.key_mul + 2);
-    uint64_t h[2] = {wrong, meta};
-    memcpy(s.victim - DDHEAP__HEADER, h, sizeof h);
-    expect_refused(&s, "wrong keys");
+    /* The filter word is no secret to whoever saw one header: key_filter is
+     * its XOR with the address. Such a forger passes the inline test with
+     * the right filter word for the victim, and must still be refused by the
+     * tag: copied from the real header, with or without adjusted fields. */
+    uint64_t real[2];
+    memcpy(real, s.sampled - DDHEAP__HEADER, sizeof real);
+    uint64_t key_filter = real[0] ^ (uintptr_t)s.sampled;
+    uint64_t filter = (uintptr_t)s.victim ^ key_filter;
+    uint64_t distance = (uintptr_t)s.victim ^ (uintptr_t)s.sampled;
+    uint64_t with_filter[][2] = {
+        {filter, real[1]},
+        {filter, real[1] ^ distance},
+        {filter, real[1] ^ (distance << 17)},
+        {filter, real[1] ^ (distance >> 4)},
+        {filter, meta_good},
+        {filter, real[1] + 16}, /* same tag, fields one step off */
+    };
+    for (size_t i = 0; i < sizeof with_filter / sizeof *with_filter; i++) {
+        memcpy(s.victim - DDHEAP__HEADER, with_filter[i], DDHEAP__HEADER);
+        assert_true(ddheap__header_filter_matches((uintptr_t)s.victim)); /* reaches the cold path */
+        expect_refused(&s, "right filter word, forged tag");
+    }
+    /* And 100k random tags behind the right filter word. */
+    for (int i = 0; i < 100000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        uint64_t h[2] = {filter, (x & ~UINT64_C(0x1ffff)) | (real[1] & 0x1ffff)};
+        memcpy(s.victim - DDHEAP__HEADER, h, sizeof h);
+        expect_refused(&s, "random tag");
+    }
+    /* The genuine words for the victim's address pass the filter (so the
+     * refusals above were the tag's doing, not the filter's). */
+    uint64_t genuine[2];
+    assert_true(ddheap_header_words((uintptr_t)s.victim, 16, 16, true, genuine));
+    assert_int_equal(genuine[0], filter);
     forge_end(&s);
 }
 
@@ -170,7 +198,7 @@ static void test_tampered_meta_refused(void **state)
     char *p = t_malloc(100);
     uint64_t meta;
     memcpy(&meta, p - 8, sizeof meta);
-    uint64_t evil = meta + 16; /* would send the real free 16 bytes too low */
+    uint64_t evil = meta + 1; /* offset one step (16 bytes) larger: the real free would get raw - 16 */
     memcpy(p - 8, &evil, sizeof evil);
     dd_alloc_freed_t f = dd_allocation_freed(p, 0, 0);
     assert_ptr_equal(f.ptr, p); /* refused: treated as unsampled */
