@@ -43,8 +43,11 @@ bool ddheap_parse_interval(const char *text, uint64_t *out);
 int ddheap_parse_enabled(const char *text);
 
 /* --- probes.c --- */
-void ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight);
-void ddheap_fire_free(uintptr_t ptr);
+/* The alloc and free probes. Each hands back what its caller returns next
+ * (the user pointer; the freed block's raw pointer and size), so that the
+ * sampler's cold paths end in tail calls and keep nothing across them. */
+void *ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight);
+dd_alloc_freed_t ddheap_fire_free(uintptr_t ptr, void *raw, size_t size);
 void ddheap_fire_realloc(uintptr_t old_ptr, uintptr_t new_ptr, uint64_t size, uint64_t weight);
 
 /* --- shared.c --- */

@@ -14,9 +14,9 @@
  *    unmarked again (header zeroed, table slot freed) and live_marked
  *    counts it down.
  *
- * Schemes: mark_header.c (16-byte keyed header before the user pointer,
+ * Schemes: mark_header.h (16-byte keyed header before the user pointer,
  * plus mark_table.c for user pointers at a page start; x86-64, and aarch64
- * with -Darm64_marking=header) and mark_tbi.c (aarch64 top-byte tag).
+ * with -Darm64_marking=header) and mark_tbi.h (aarch64 top-byte tag).
  */
 #ifndef DDHEAP_MARK_H
 #define DDHEAP_MARK_H
@@ -33,25 +33,40 @@ struct ddheap_mark {
 /* Bytes to add to a request of this alignment (0 = the allocator's
  * default), or SIZE_MAX when a block of this alignment cannot be marked
  * (it then passes through unsampled). A fresh block's user pointer sits
- * this many bytes into the raw block. */
-size_t ddheap_mark_extra(size_t alignment);
+ * this many bytes into the raw block. Inline, in the scheme's header:
+ *     size_t ddheap_mark_extra(size_t alignment);
+ *
+ * Whether the calling thread can hand out marked blocks at all (aarch64
+ * TBI: the kernel must accept tagged pointers from it). Called before every
+ * sampling decision; a thread that cannot mark never samples. Inline:
+ *     bool ddheap_mark_thread_ready(struct ddheap__thread *t);
+ *
+ * The quick mark and unmark of a sampled pair, inline so that its cold
+ * path stays one function deep on each side (bench/: a call per operation
+ * cost about 40 instructions per sampled pair). Each may decline, and the
+ * caller then takes the general operation below:
+ *     void *ddheap_mark_fresh(void *raw, size_t extra);
+ *         mark_at(raw, extra, extra, reported) when it can be done
+ *         quickly, else NULL with nothing written;
+ *     int ddheap_unmark_quick(void *user, struct ddheap_mark *out);
+ *         1: unmarked, as ddheap_unmark; 0: not marked; -1: take
+ *         ddheap_unmark().
+ */
+
 /* Marks the block at `raw` whose user pointer is `offset` bytes in and
  * whose real request was `extra` bytes larger than the user's size; returns
  * the user pointer, or NULL when the block cannot be marked (then nothing
  * was written). */
 void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported);
-/* Whether the calling thread can hand out marked blocks at all (aarch64
- * TBI: the kernel must accept tagged pointers from it). Called before every
- * sampling decision; a thread that cannot mark never samples. */
-bool ddheap_mark_thread_ready(struct ddheap__thread *t);
-/* What ddheap_mark_thread_ready() decided (or will decide) for `t`, as an
- * enum dd_heap_thread_status; READY in schemes that need nothing per thread. */
-int ddheap_mark_thread_status(const struct ddheap__thread *t);
 /* Whether `user` is a marked block, changing nothing. */
 bool ddheap_mark_lookup(void *user, struct ddheap_mark *out);
 /* Removes the mark of `user` (header zeroed, table slot freed, tag
  * forgotten) and returns what lookup would have; false if not marked. */
 bool ddheap_unmark(void *user, struct ddheap_mark *out);
+
+/* What ddheap_mark_thread_ready() decided (or will decide) for `t`, as an
+ * enum dd_heap_thread_status; READY in schemes that need nothing per thread. */
+int ddheap_mark_thread_status(const struct ddheap__thread *t);
 
 #if DDHEAP_MARK_TBI
 /* mark_tbi.c, from ddheap_process_init(): binds prctl before any cold path
@@ -95,6 +110,12 @@ static inline struct ddheap_mark ddheap_table_meta_decode(uintptr_t user, uint64
  * encoded (not multiples of 16 below a page, or offset below 16). */
 bool ddheap_header_words(uintptr_t user, uint32_t offset, size_t extra, bool reported,
                          uint64_t words[2]);
+#endif
+
+#if DDHEAP_MARK_TBI
+#include "mark_tbi.h"
+#else
+#include "mark_header.h"
 #endif
 
 #endif /* DDHEAP_MARK_H */

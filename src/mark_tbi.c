@@ -41,18 +41,6 @@
 
 #if DDHEAP_MARK_TBI
 
-/* struct ddheap__thread.tagging. Zero-initialised TLS reads UNTRIED. */
-enum ddheap_tagging {
-    DDHEAP_TAGGING_UNTRIED = 0,
-    DDHEAP_TAGGING_FAIL_NEXT = 1, /* test hook: the next request fails */
-    DDHEAP_TAGGING_ON = 2,
-    DDHEAP_TAGGING_REFUSED = 3, /* the kernel said no */
-    DDHEAP_TAGGING_MTE = 4,     /* MTE checks on: our tag would fault */
-};
-
-#define TAG_SHIFT 56
-#define ADDRESS_MASK ((UINT64_C(1) << TAG_SHIFT) - 1)
-
 static uint8_t request_tagged_addresses(const struct ddheap__thread *t)
 {
     if (t->tagging == DDHEAP_TAGGING_FAIL_NEXT)
@@ -89,13 +77,26 @@ void ddheap_tbi_process_init(bool sampling_enabled)
         t->tagging = request_tagged_addresses(t);
 }
 
-bool ddheap_mark_thread_ready(struct ddheap__thread *t)
+bool ddheap_tbi_thread_ready_slow(struct ddheap__thread *t)
 {
-    if (DDHEAP__LIKELY(t->tagging == DDHEAP_TAGGING_ON))
-        return true;
     if (t->tagging == DDHEAP_TAGGING_UNTRIED || t->tagging == DDHEAP_TAGGING_FAIL_NEXT)
         t->tagging = request_tagged_addresses(t);
     return t->tagging == DDHEAP_TAGGING_ON;
+}
+
+void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
+{
+    return ddheap_tbi_tag(raw, offset, extra, reported);
+}
+
+bool ddheap_mark_lookup(void *user, struct ddheap_mark *out)
+{
+    return ddheap_tbi_lookup(user, out);
+}
+
+bool ddheap_unmark(void *user, struct ddheap_mark *out)
+{
+    return ddheap_unmark_quick(user, out) > 0;
 }
 
 int ddheap_mark_thread_status(const struct ddheap__thread *t)
@@ -115,61 +116,6 @@ int ddheap_mark_thread_status(const struct ddheap__thread *t)
 void ddheap_test_fail_tagging(bool fail)
 {
     ddheap__thread_state.tagging = fail ? DDHEAP_TAGGING_FAIL_NEXT : DDHEAP_TAGGING_UNTRIED;
-}
-
-static bool power_of_two(size_t x)
-{
-    return x != 0 && (x & (x - 1)) == 0;
-}
-
-/* Same alignment rule as the header scheme, so that which blocks can be
- * sampled does not depend on the marking scheme; the tag itself needs no
- * room at any alignment. */
-size_t ddheap_mark_extra(size_t alignment)
-{
-    if (alignment != 0 && (!power_of_two(alignment) || alignment > DDHEAP_MAX_SAMPLED_ALIGNMENT))
-        return SIZE_MAX;
-    return 0;
-}
-
-static void count_marked(int delta)
-{
-    __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
-}
-
-void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
-{
-    uint64_t address = (uintptr_t)raw;
-    /* A tag carries one bit of information: "sampled and reported". It has
-     * no room for an offset or extra bytes (mark_extra never asks for any),
-     * and the top byte must be ours to set. */
-    if (offset != 0 || extra != 0 || !reported || (address >> TAG_SHIFT) != 0)
-        return NULL;
-    count_marked(1);
-    return (void *)(uintptr_t)(address | ((uint64_t)DDHEAP__TAG << TAG_SHIFT));
-}
-
-bool ddheap_mark_lookup(void *user, struct ddheap_mark *out)
-{
-    uint64_t address = (uintptr_t)user;
-    if ((address >> TAG_SHIFT) != DDHEAP__TAG)
-        return false;
-    out->raw = (void *)(uintptr_t)(address & ADDRESS_MASK);
-    out->extra = 0;
-    out->offset = 0;
-    out->reported = true;
-    return true;
-}
-
-/* The tag lives in the pointer the application holds, so there is nothing
- * to erase: once the raw block is freed, whatever reuses the address gets
- * an untagged pointer from the real allocator. */
-bool ddheap_unmark(void *user, struct ddheap_mark *out)
-{
-    if (!ddheap_mark_lookup(user, out))
-        return false;
-    count_marked(-1);
-    return true;
 }
 
 #endif /* DDHEAP_MARK_TBI */

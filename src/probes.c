@@ -66,12 +66,14 @@ extern unsigned short otel_memory_realloc_semaphore DDHEAP__HIDDEN;
     register uint64_t a2 __asm__("rsi") = (b);                                                     \
     register uint64_t a3 __asm__("rdx") = (c);                                                     \
     register uint64_t a4 __asm__("rcx") = (d)
+#define DDHEAP_ARG_REG1(a) register uint64_t a1 __asm__("rdi") = (a)
 #elif defined(__aarch64__)
 #define DDHEAP_ARG_REGS(a, b, c, d)                                                                \
     register uint64_t a1 __asm__("x0") = (a);                                                      \
     register uint64_t a2 __asm__("x1") = (b);                                                      \
     register uint64_t a3 __asm__("x2") = (c);                                                      \
     register uint64_t a4 __asm__("x3") = (d)
+#define DDHEAP_ARG_REG1(a) register uint64_t a1 __asm__("x0") = (a)
 #endif
 
 static dd_probe_hook_fn probe_hook;
@@ -97,6 +99,23 @@ __attribute__((noinline, cold)) static void run_hook(dd_probe_hook_fn hook, dd_p
     errno = saved_errno;
 }
 
+/* The free probe's hook, as a tail call that hands `out` back: the probe
+ * function then keeps nothing across a call. */
+__attribute__((noinline, cold)) static dd_alloc_freed_t
+run_free_hook(dd_probe_hook_fn hook, uintptr_t ptr, dd_alloc_freed_t out)
+{
+    run_hook(hook, DD_PROBE_FREE, ptr, 0, 0, 0);
+    return out;
+}
+
+/* The alloc probe's hook, likewise handing the user pointer back. */
+__attribute__((noinline, cold)) static void *run_alloc_hook(dd_probe_hook_fn hook, uintptr_t ptr,
+                                                          uint64_t size, uint64_t weight)
+{
+    run_hook(hook, DD_PROBE_ALLOC, ptr, 0, size, weight);
+    return (void *)ptr;
+}
+
 static inline void call_hook(dd_probe_kind_t kind, uintptr_t ptr, uintptr_t new_ptr, uint64_t size,
                              uint64_t weight)
 {
@@ -113,7 +132,7 @@ static inline void call_hook(dd_probe_kind_t kind, uintptr_t ptr, uintptr_t new_
 #define DDHEAP_PROBE_FN __attribute__((noinline, noclone, used))
 #endif
 
-DDHEAP_PROBE_FN void ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight)
+DDHEAP_PROBE_FN void *ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight)
 {
     DDHEAP_ARG_REGS(ptr, size, weight, 0);
     (void)a4;
@@ -123,22 +142,29 @@ DDHEAP_PROBE_FN void ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t we
 #if DDHEAP_PROVIDER_OTEL
     STAP_PROBE3(otel_memory, alloc, a1, a2, a3);
 #endif
-    call_hook(DD_PROBE_ALLOC, ptr, 0, size, weight);
+    dd_probe_hook_fn hook = __atomic_load_n(&probe_hook, __ATOMIC_ACQUIRE);
+    if (DDHEAP__UNLIKELY(hook != NULL))
+        return run_alloc_hook(hook, ptr, size, weight);
+    return (void *)ptr;
 }
 
-DDHEAP_PROBE_FN void ddheap_fire_free(uintptr_t ptr)
+/* `raw` and `size` only pass through, in rsi/rdx (x1/x2), to come back
+ * as the result in rax:rdx (x0:x1); only the probe's own argument
+ * register is pinned, so nothing overwrites them. */
+DDHEAP_PROBE_FN dd_alloc_freed_t ddheap_fire_free(uintptr_t ptr, void *raw, size_t size)
 {
-    DDHEAP_ARG_REGS(ptr, 0, 0, 0);
-    (void)a2;
-    (void)a3;
-    (void)a4;
+    DDHEAP_ARG_REG1(ptr);
 #if DDHEAP_PROVIDER_DDHEAP
     STAP_PROBE1(ddheap, free, a1);
 #endif
 #if DDHEAP_PROVIDER_OTEL
     STAP_PROBE1(otel_memory, free, a1);
 #endif
-    call_hook(DD_PROBE_FREE, ptr, 0, 0, 0);
+    dd_alloc_freed_t out = {raw, size};
+    dd_probe_hook_fn hook = __atomic_load_n(&probe_hook, __ATOMIC_ACQUIRE);
+    if (DDHEAP__UNLIKELY(hook != NULL))
+        return run_free_hook(hook, ptr, out);
+    return out;
 }
 
 DDHEAP_PROBE_FN void ddheap_fire_realloc(uintptr_t old_ptr, uintptr_t new_ptr, uint64_t size,

@@ -107,7 +107,7 @@ dd_realloc_prep_t ddheap__realloc_prepare(void *old_user, size_t new_size)
         prep.flags |= IS_FREE;
         prep.raw_size = 0;
         if (prep.flags & OLD_REPORTED) /* before the memory can be reused */
-            ddheap_fire_free((uintptr_t)old_user);
+            ddheap_fire_free((uintptr_t)old_user, NULL, 0);
         errno = saved_errno;
         return prep;
     }
@@ -163,7 +163,7 @@ void *ddheap__realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t pr
     }
 
     if (prep.flags & OLD_REPORTED)
-        ddheap_fire_free((uintptr_t)old_user);
+        ddheap_fire_free((uintptr_t)old_user, NULL, 0);
     release_guard(&prep); /* only now is the old address reported free */
 
     if (prep.flags & NEW_MARKED) {

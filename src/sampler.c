@@ -42,7 +42,7 @@ static struct {
     uint8_t enabled;
     uint8_t state; /* 0: environment not read yet, 1: read */
     uint8_t interval_from_api;
-} config;
+} config = {.epoch = 1}; /* a new thread's epoch, 0, never matches it */
 
 static uint64_t thread_counter;
 
@@ -109,8 +109,10 @@ static uint64_t weight_of(uint64_t size, uint64_t mean)
 }
 
 /* Takes the current interval (and, on first use, a seed). A fresh
- * countdown starts a fresh Poisson process, unbiased from here on. */
-static void adopt_config(struct ddheap__thread *t)
+ * countdown starts a fresh Poisson process, unbiased from here on. Out of
+ * line, as is sample_point(): a sampled allocation's common path then needs
+ * no saved registers. */
+__attribute__((noinline)) static void adopt_config(struct ddheap__thread *t)
 {
     read_config_once();
     uint32_t epoch = __atomic_load_n(&config.epoch, __ATOMIC_ACQUIRE);
@@ -129,106 +131,203 @@ static void adopt_config(struct ddheap__thread *t)
     t->countdown = draw_countdown(t, t->mean);
 }
 
-/* Decides whether a block of `size` bytes is sampled, given that the fast
- * path saw a borrow: returns its weight (0: not sampled) and leaves the
- * countdown set for the next block. Inlined into ddheap__sample_request:
- * one call less on every sampled allocation (bench/: about 12 instructions
- * per sampled pair). */
-static inline uint64_t sample_decision(struct ddheap__thread *t, size_t size)
+/* A sample point fell inside a block of `size` bytes, with R > 1: its
+ * weight, and the next countdown. The floating-point part of sampling. */
+__attribute__((noinline)) static uint64_t sample_point(struct ddheap__thread *t, uint64_t size)
 {
-    if (DDHEAP__UNLIKELY(t->mean == 0 ||
-                         t->epoch != __atomic_load_n(&config.epoch, __ATOMIC_RELAXED))) {
-        /* May read the environment (getenv, write): errno is
-         * kept here, where it can change, not on every sampled call. */
-        int saved_errno = errno;
-        adopt_config(t);
-        errno = saved_errno;
-    }
-    if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)) {
-        t->countdown = UINT64_MAX;
-        return 0;
-    }
-    if (size == 0)
-        return 0;
-#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
-    int saved_errno = errno; /* a thread's first readiness check calls prctl */
-    bool ready = ddheap_mark_thread_ready(t);
-    errno = saved_errno;
-    if (!ready) {
-        t->countdown = UINT64_MAX;
-        return 0;
-    }
-#elif DDHEAP_LIVE_HEAP
-    if (!ddheap_mark_thread_ready(t)) { /* header scheme: no system call */
-        t->countdown = UINT64_MAX;
-        return 0;
-    }
-#endif
-    if (t->countdown >= size) { /* no sample point inside this block */
-        t->countdown -= size;
-        return 0;
-    }
     uint64_t weight = weight_of(size, t->mean);
     t->countdown = draw_countdown(t, t->mean);
     return weight;
 }
 
-dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
+static dd_alloc_req_t pass_through(size_t size, size_t alignment)
 {
-    dd_alloc_req_t req = {size, size, alignment, 0};
-    struct ddheap__thread *t = &ddheap__thread_state;
-    if (t->busy) /* reentered (signal handler): pass through */
-        return req;
-    t->busy = 1;
-    /* errno: sample_decision keeps it around the only steps that can
-     * change it; nothing else here calls out. */
-    uint64_t weight = sample_decision(t, size);
-#if DDHEAP_LIVE_HEAP
-    if (weight) {
-        size_t extra = ddheap_mark_extra(alignment);
-        if (extra == SIZE_MAX || size > SIZE_MAX - extra)
-            weight = 0; /* cannot be marked: passes through unsampled */
-        else
-            req.size = size + extra;
-    }
-#endif
-    req.weight = weight;
-    t->busy = 0;
-    return req;
+    dd_alloc_req_t out = {size, size, alignment, 0};
+    return out;
 }
 
-void *ddheap__sample_created(void *raw, dd_alloc_req_t req)
+/* A sampled block's request grows by the bytes its mark needs; a block
+ * that cannot be marked (an alignment beyond what sampling covers, or a
+ * size that would overflow) passes through unsampled. */
+static inline dd_alloc_req_t with_mark_room(size_t size, size_t alignment, uint64_t weight)
 {
-    if (raw == NULL) /* the real allocation failed: nothing to report */
-        return NULL;
+    dd_alloc_req_t out = {size, size, alignment, weight};
+#if DDHEAP_LIVE_HEAP
+    size_t extra = ddheap_mark_extra(alignment);
+    if (extra == SIZE_MAX || __builtin_add_overflow(size, extra, &out.size))
+        return pass_through(size, alignment);
+#else
+    (void)alignment;
+#endif
+    return out;
+}
+
+static inline bool config_current(const struct ddheap__thread *t)
+{
+    /* A new thread (epoch 0) never matches: config.epoch starts at 1 and
+     * only grows (it would take 2^32 changes of the interval to wrap). */
+    return t->epoch == __atomic_load_n(&config.epoch, __ATOMIC_RELAXED);
+}
+
+/* The thread has not adopted the current configuration (first use, or the
+ * interval changed): adopt it, then decide as usual. Adopting may read the
+ * environment (getenv, write): errno is kept here, where it can change,
+ * and the reentry guard held. */
+__attribute__((noinline)) static dd_alloc_req_t request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
+{
+    t->busy = 1;
+    int saved_errno = errno;
+    adopt_config(t);
+    errno = saved_errno;
+    t->busy = 0;
+    return ddheap__sample_request(size, alignment);
+}
+
+/* A sample point fell inside the block and R > 1: the weight and the next
+ * countdown need floating point (sample_point), under the reentry guard. */
+__attribute__((noinline)) static dd_alloc_req_t request_at_sample_point(struct ddheap__thread *t, size_t size, size_t alignment)
+{
+    if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)) /* see ddheap__sample_request */
+        return pass_through(size, alignment);
+    t->busy = 1;
+    uint64_t weight = sample_point(t, size);
+    t->busy = 0;
+    return with_mark_room(size, alignment, weight);
+}
+
+/* Whether the thread can mark blocks; a thread that cannot never samples
+ * (its countdown is parked at the maximum). */
+static inline bool thread_can_mark(struct ddheap__thread *t)
+{
+#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
+    if (DDHEAP__LIKELY(t->tagging == DDHEAP_TAGGING_ON))
+        return true;
+    t->busy = 1;
+    int saved_errno = errno; /* a thread's first readiness check calls prctl */
+    bool ready = ddheap_mark_thread_ready(t);
+    errno = saved_errno;
+    t->busy = 0;
+    return ready;
+#elif DDHEAP_LIVE_HEAP
+    return ddheap_mark_thread_ready(t); /* header scheme: always */
+#else
+    (void)t;
+    return true;
+#endif
+}
+
+/*
+ * The fast path saw the countdown run out inside a block of `size` bytes
+ * (it left the countdown at 0), or the thread is new. Decides whether the
+ * block is sampled, and leaves the countdown set for the next block.
+ *
+ * Every call this function makes is a tail call: the common cases (R = 1,
+ * or the countdown check after a new configuration) then need no saved
+ * registers and no frame of their own beyond the frame pointer.
+ */
+dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
+{
+    struct ddheap__thread *t = &ddheap__thread_state;
+    if (DDHEAP__UNLIKELY(t->busy)) /* reentered (signal handler): pass through */
+        return pass_through(size, alignment);
+    if (DDHEAP__UNLIKELY(!config_current(t)))
+        return request_with_new_config(t, size, alignment);
+    /* With sampling disabled, adopt_config parked the countdown at the
+     * maximum and set mean to it, so no block reaches the R = 1 path below;
+     * request_at_sample_point checks for itself. */
+    if (!thread_can_mark(t)) {
+        t->countdown = UINT64_MAX;
+        return pass_through(size, alignment);
+    }
+    if (t->countdown >= size) { /* no sample point inside this block (size 0 never has one) */
+        t->countdown -= size;
+        return pass_through(size, alignment);
+    }
+    if (t->mean > 1)
+        return request_at_sample_point(t, size, alignment);
+    /* R = 1: every non-empty block, weight = size; the countdown stays 0 */
+    return with_mark_room(size, alignment, size);
+}
+
+/* A sampled block that the quick mark declined: keys not derived yet, a
+ * page-start user pointer (the table), or a request that cannot carry a
+ * header. Marking keeps errno itself (it may have to derive the keys). */
+__attribute__((noinline)) static void *created_the_long_way(void *raw, size_t user_size,
+                                                            size_t extra, uint64_t weight)
+{
     void *user = raw;
 #if DDHEAP_LIVE_HEAP
-    /* Marking keeps errno itself (it may have to derive the keys). */
-    size_t extra = req.size - req.user_size;
     user = ddheap_mark_at(raw, (uint32_t)extra, extra, true);
     if (user == NULL) {
         /* Cannot happen with a sane table size (docs/alignment.md); the
          * block then lives on unsampled with its slack unused. */
         return raw;
     }
+#else
+    (void)extra;
 #endif
-    ddheap_fire_alloc((uintptr_t)user, req.user_size, req.weight); /* keeps errno */
-    return user;
+    return ddheap_fire_alloc((uintptr_t)user, user_size, weight);
 }
 
+/* The real allocation of a sampled request returned `raw`: mark it and
+ * report it. Ends in tail calls only (the probe function hands back the
+ * user pointer), so it needs no saved registers. */
+void *ddheap__sample_created(void *raw, size_t user_size, size_t extra, uint64_t weight)
+{
+    if (raw == NULL) /* the real allocation failed: nothing to report */
+        return NULL;
+#if DDHEAP_LIVE_HEAP
+    void *user = ddheap_mark_fresh(raw, extra);
+    if (DDHEAP__UNLIKELY(user == NULL))
+        return created_the_long_way(raw, user_size, extra, weight);
+#else
+    void *user = raw;
+    (void)extra;
+#endif
+    return ddheap_fire_alloc((uintptr_t)user, user_size, weight); /* keeps errno */
+}
+
+#if DDHEAP_LIVE_HEAP
+/* What the real free gets for a marked block: its raw pointer and, for a
+ * sized free, the size the real allocator was asked for. Report first:
+ * once the real free runs, the address may be handed out (and reported)
+ * again by another thread. The probe function hands both back. */
+static inline dd_alloc_freed_t release_marked(void *user, size_t size, const struct ddheap_mark *m)
+{
+    size_t real_size = size ? size + m->extra : 0;
+    if (m->reported)
+        return ddheap_fire_free((uintptr_t)user, m->raw, real_size); /* keeps errno */
+    dd_alloc_freed_t out = {m->raw, real_size};
+    return out;
+}
+
+/* A page-start pointer: its mark, if any, is in the table. */
+__attribute__((noinline)) static dd_alloc_freed_t release_the_long_way(void *user, size_t size)
+{
+    dd_alloc_freed_t out = {user, size};
+    struct ddheap_mark m;
+    if (!ddheap_unmark(user, &m))
+        return out;
+    return release_marked(user, size, &m);
+}
+#endif
+
+/* The fast path found a mark (or a filter match) before `user`. Unmarking
+ * touches only memory and atomics; like created, this ends in tail calls. */
 dd_alloc_freed_t ddheap__release(void *user, size_t size)
 {
     dd_alloc_freed_t out = {user, size};
 #if DDHEAP_LIVE_HEAP
     struct ddheap_mark m;
-    /* Unmarking touches only memory and atomics, the probe keeps errno. */
-    if (ddheap_unmark(user, &m)) {
-        /* Report first: once the real free runs, the address may be
-         * handed out (and reported) again by another thread. */
-        if (m.reported)
-            ddheap_fire_free((uintptr_t)user);
+    int unmarked = ddheap_unmark_quick(user, &m);
+    if (DDHEAP__UNLIKELY(unmarked < 0))
+        return release_the_long_way(user, size);
+    if (unmarked) {
+        size_t real_size = size ? size + m.extra : 0;
+        if (m.reported) /* a tail call: GCC splits the struct of any other shape */
+            return ddheap_fire_free((uintptr_t)user, m.raw, real_size);
         out.ptr = m.raw;
-        out.size = size ? size + m.extra : 0;
+        out.size = real_size;
     }
 #endif
     return out;

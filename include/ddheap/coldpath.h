@@ -103,12 +103,18 @@ struct ddheap__shared {
 
 extern struct ddheap__shared ddheap_shared_v2 __attribute__((visibility("default")));
 
-/* Cold-path entry points (src/). */
+/* Cold-path entry points (src/). A sampled request's dd_alloc_req_t goes
+ * through memory: returned by the request, passed by address to created.
+ * Returned in registers instead, GCC keeps its fields in callee-saved
+ * registers across the real allocation, and the prologue that saves them
+ * then runs on every allocation, traced or not (bench/: +8 instructions
+ * per pair with no tracer). */
 struct dd_alloc_req;
 struct dd_alloc_freed;
 struct dd_realloc_prep;
 DDHEAP__HIDDEN struct dd_alloc_req ddheap__sample_request(size_t size, size_t alignment);
-DDHEAP__HIDDEN void *ddheap__sample_created(void *raw, struct dd_alloc_req req);
+DDHEAP__HIDDEN void *ddheap__sample_created(void *raw, size_t user_size, size_t extra,
+                                            uint64_t weight);
 DDHEAP__HIDDEN struct dd_alloc_freed ddheap__release(void *user, size_t size);
 /* src/realloc.c: a realloc with a tracer attached or a marked old block */
 DDHEAP__HIDDEN struct dd_realloc_prep ddheap__realloc_prepare(void *old_user, size_t new_size);

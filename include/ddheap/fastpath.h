@@ -167,8 +167,9 @@ static inline dd_alloc_req_t dd_allocation_requested(size_t size, size_t alignme
 {
     dd_alloc_req_t req = {size, size, alignment, 0};
     if (DDHEAP__UNLIKELY(ddheap__nonzero32(&ddheap__tracer_gate)) &&
-        DDHEAP__UNLIKELY(ddheap__countdown_borrows((uint64_t)size)))
+        DDHEAP__UNLIKELY(ddheap__countdown_borrows((uint64_t)size))) {
         return ddheap__sample_request(size, alignment);
+    }
     return req;
 }
 
@@ -179,7 +180,7 @@ static inline dd_alloc_req_t dd_allocation_requested(size_t size, size_t alignme
 static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
 {
     if (DDHEAP__UNLIKELY(req.weight != 0))
-        return ddheap__sample_created(raw, req);
+        return ddheap__sample_created(raw, req.user_size, req.size - req.user_size, req.weight);
     return raw;
 }
 
