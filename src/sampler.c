@@ -216,6 +216,15 @@ static inline bool thread_can_mark(struct ddheap__thread *t)
 #endif
 }
 
+/* src/ is built with frame pointers so that a tracer's stack walk at a
+ * probe gets through ddheap's frames; no probe fires while the request is
+ * on the stack, so it can do without (GCC; clang has no such attribute). */
+#if defined(__clang__)
+#define DDHEAP_FRAMELESS
+#else
+#define DDHEAP_FRAMELESS __attribute__((optimize("omit-frame-pointer")))
+#endif
+
 /*
  * The fast path saw the countdown run out inside a block of `size` bytes
  * (it left the countdown at 0), or the thread is new. Decides whether the
@@ -225,7 +234,7 @@ static inline bool thread_can_mark(struct ddheap__thread *t)
  * or the countdown check after a new configuration) then need no saved
  * registers and no frame of their own beyond the frame pointer.
  */
-dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
+DDHEAP_FRAMELESS dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
 {
     struct ddheap__thread *t = &ddheap__thread_state;
     if (DDHEAP__UNLIKELY(t->busy)) /* reentered (signal handler): pass through */
