@@ -26,7 +26,7 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
     uintptr_t user = (uintptr_t)raw + offset;
     /* The keys are normally derived by the constructor; only a block marked
      * before it pays the call (getauxval may set errno). */
-    if (DDHEAP__UNLIKELY(!ddheap_keys_ready())) {
+    if (DDHEAP__UNLIKELY(ddheap_key_mul_if_ready() == 0)) {
         int saved_errno = errno;
         ddheap_ensure_keys();
         errno = saved_errno;
@@ -38,7 +38,7 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
         uint64_t fields;
         if (!ddheap_header_fields(offset, extra, reported, &fields))
             return NULL; /* no room for a header inside the block */
-        ddheap_header_write(user, fields);
+        ddheap_header_write(user, fields, ddheap_key_mul_if_ready());
     }
     ddheap_count_marked(1);
     return (void *)user;

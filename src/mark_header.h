@@ -50,10 +50,12 @@ static inline bool ddheap_on_page_start(uintptr_t user)
 
 static inline size_t ddheap_mark_extra(size_t alignment)
 {
+    if (DDHEAP__LIKELY(alignment == 0))
+        return DDHEAP__HEADER; /* the allocator's default */
     if (alignment <= DDHEAP__HEADER) {
         if ((alignment & (alignment - 1)) != 0)
             return SIZE_MAX; /* 3, 5, ...: not a power of two */
-        return DDHEAP__HEADER; /* 0 (the allocator's default), 1, 2, 4, 8, 16 */
+        return DDHEAP__HEADER; /* 1, 2, 4, 8, 16 */
     }
     if ((alignment & (alignment - 1)) != 0 || alignment > DDHEAP_MAX_SAMPLED_ALIGNMENT)
         return SIZE_MAX;
@@ -97,18 +99,21 @@ static inline void ddheap_count_marked(int delta)
     __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
 }
 
-static inline bool ddheap_keys_ready(void)
+/* key_mul, or 0 while the keys are not derived yet. It is odd once set,
+ * and stored last with release ordering (shared.c), so a non-zero value
+ * read here with acquire ordering comes with the other two keys. */
+static inline uint64_t ddheap_key_mul_if_ready(void)
 {
-    return __atomic_load_n(&ddheap_shared_v2.keys_ready, __ATOMIC_ACQUIRE) != 0;
+    return __atomic_load_n(&ddheap_shared_v2.key_mul, __ATOMIC_ACQUIRE);
 }
 
 /* Writes the header of a block at `user` (fields already encoded). */
-static inline void ddheap_header_write(uintptr_t user, uint64_t fields)
+static inline void ddheap_header_write(uintptr_t user, uint64_t fields, uint64_t key_mul)
 {
     const struct ddheap__shared *sh = &ddheap_shared_v2;
     uint64_t words[2];
     words[0] = (uint64_t)user ^ sh->key_filter;
-    words[1] = fields | ddheap_header_tag(user, fields, sh->key_xor, sh->key_mul);
+    words[1] = fields | ddheap_header_tag(user, fields, sh->key_xor, key_mul);
     __builtin_memcpy((char *)user - DDHEAP__HEADER, words, sizeof words);
 }
 
@@ -119,11 +124,12 @@ static inline void ddheap_header_write(uintptr_t user, uint64_t fields)
 static inline void *ddheap_mark_fresh(void *raw, size_t extra)
 {
     uintptr_t user = (uintptr_t)raw + extra;
-    /* extra is a multiple of 16 in [16, 4080] (mark_extra gives 16..2048) */
-    if (DDHEAP__UNLIKELY(!ddheap_keys_ready() || ddheap_on_page_start(user) ||
-                         (extra & ~(uint64_t)0xff0) != 0 || extra == 0))
+    uint64_t key_mul = ddheap_key_mul_if_ready();
+    /* extra must be a multiple of 16 in [16, 2048], as mark_extra gives */
+    if (DDHEAP__UNLIKELY(key_mul == 0 || ddheap_on_page_start(user) ||
+                         ((extra - 16) & ~(uint64_t)0x7f0) != 0))
         return NULL;
-    ddheap_header_write(user, (extra / 16) * 0x101 | DDHEAP_HEADER_REPORTED);
+    ddheap_header_write(user, (extra / 16) * 0x101 | DDHEAP_HEADER_REPORTED, key_mul);
     ddheap_count_marked(1);
     return (void *)user;
 }
@@ -131,20 +137,21 @@ static inline void *ddheap_mark_fresh(void *raw, size_t extra)
 /* Whether the 16 bytes before `user`, whose filter word matched, are a
  * header written for this very address; if so, what it says. The filter
  * proves nothing (its key is no secret) and was compared with a key read
- * without ordering; here the keys are read after keys_ready with acquire
+ * without ordering; here the keys are read after key_mul with acquire
  * ordering, and the tag decides on its own. A forgery passes only by
  * guessing the 47-bit tag, and would be wrong whatever its fields say, so
  * the fields are taken as they are. */
 DDHEAP__NO_SANITIZE_PEEK
 static inline bool ddheap_header_read(uintptr_t user, struct ddheap_mark *out)
 {
-    const struct ddheap__shared *sh = &ddheap_shared_v2;
-    if (!ddheap_keys_ready())
+    uint64_t key_mul = ddheap_key_mul_if_ready();
+    if (key_mul == 0)
         return false;
     uint64_t meta;
     __builtin_memcpy(&meta, (const char *)user - DDHEAP__HEADER + 8, sizeof meta);
     uint64_t fields = meta & DDHEAP_HEADER_FIELD_MASK;
-    if ((meta & ~DDHEAP_HEADER_FIELD_MASK) != ddheap_header_tag(user, fields, sh->key_xor, sh->key_mul))
+    if ((meta & ~DDHEAP_HEADER_FIELD_MASK) !=
+        ddheap_header_tag(user, fields, ddheap_shared_v2.key_xor, key_mul))
         return false;
     out->offset = (uint32_t)(fields << 4) & 0xff0;
     out->extra = (size_t)(fields >> 4) & 0xff0;

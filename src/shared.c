@@ -104,7 +104,9 @@ void ddheap_ensure_keys(void)
     /* Every copy computes the same values, so racing writers agree. */
     __atomic_store_n(&s->key_filter, ddheap_process_secret(4), __ATOMIC_RELAXED);
     __atomic_store_n(&s->key_xor, ddheap_process_secret(1), __ATOMIC_RELAXED);
-    __atomic_store_n(&s->key_mul, ddheap_process_secret(2) | 1, __ATOMIC_RELAXED);
+    /* key_mul last, with release ordering: the header code takes a
+     * non-zero key_mul (it is odd) as "keys ready" (mark_header.h). */
+    __atomic_store_n(&s->key_mul, ddheap_process_secret(2) | 1, __ATOMIC_RELEASE);
     __atomic_store_n(&s->keys_ready, 1, __ATOMIC_RELEASE);
 }
 
