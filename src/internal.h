@@ -51,8 +51,14 @@ dd_alloc_freed_t ddheap_fire_free(uintptr_t ptr, void *raw, size_t size);
 void ddheap_fire_realloc(uintptr_t old_ptr, uintptr_t new_ptr, uint64_t size, uint64_t weight);
 
 /* --- shared.c --- */
-/* Derives the check-word keys from AT_RANDOM if no copy did yet. */
+/* Derives the header keys from AT_RANDOM if no copy did yet, after opening
+ * every copy's free gate: called on the first mark, so that a process in
+ * which nothing was ever marked keeps its gates closed. */
 void ddheap_ensure_keys(void);
+#if !DDHEAP_MARK_TBI
+/* Enters this copy's free gate in the shared object (constructor). */
+void ddheap_register_free_gate(void);
+#endif
 /* 64-bit values derived from the process secret, the same in every copy
  * of the library (domain separates the uses). */
 uint64_t ddheap_process_secret(uint64_t domain);

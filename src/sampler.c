@@ -61,7 +61,10 @@ static void read_config_once(void)
 void ddheap_process_init(void)
 {
     int saved = errno; /* binds __errno_location */
-    ddheap_ensure_keys(); /* binds getauxval */
+    (void)ddheap_process_secret(0); /* binds getauxval; keys wait for the first mark */
+#if !DDHEAP_MARK_TBI
+    ddheap_register_free_gate();
+#endif
     read_config_once();   /* binds getenv, write */
 #if DDHEAP_MARK_TBI && DDHEAP_LIVE_HEAP
     ddheap_tbi_process_init(__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)); /* binds prctl */

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 
-#define DDHEAP_SHARED_SIZE 262336 /* sizeof(struct ddheap__shared) */
+#define DDHEAP_SHARED_SIZE 262848 /* sizeof(struct ddheap__shared) */
 #define DDHEAP_STR2(x) #x
 #define DDHEAP_STR(x) DDHEAP_STR2(x)
 
@@ -96,11 +96,117 @@ uint64_t ddheap_process_secret(uint64_t domain)
     return siphash_u64(k[0], k[1], domain);
 }
 
+/*
+ * Free gates (ddheap__free_gate, coldpath.h). Each copy registers the
+ * address of its gate in the shared object from its constructor; the
+ * first block marked in the process (any copy) opens them all first: keys
+ * are derived on the first mark, not before, and opening the gates is part
+ * of it. A gate is closed (0) only by its own copy's registration, and only
+ * if the gates were not open yet. Orderings are sequentially consistent, so
+ * that of "a copy registers, then reads free_gates_open" and "an opener
+ * sets free_gates_open, then reads the slots", at least one sees the other:
+ * a copy never closes its gate after an opener passed its slot.
+ *
+ * Slots are claimed (bit 0) while an opener writes through them and cleared
+ * by a copy's destructor before dlclose unmaps its gate, which waits for a
+ * claim to be released: an opener never writes into an unloaded copy.
+ * Openers run with the thread's reentry guard held, so a signal handler on
+ * the same thread never samples (and never opens) meanwhile.
+ */
+#define GATE_UNKNOWN 1u
+#define GATE_OPEN 2u
+#define SLOT_CLAIMED ((uintptr_t)1)
+
+/* The gate byte, starting at GATE_UNKNOWN, laid out in assembly as the
+ * shared object is: AddressSanitizer would otherwise add an ODR-indicator
+ * symbol outside ddheap's namespace beside a C global. */
+__asm__(".pushsection .data.ddheap__free_gate,\"aw\",%progbits\n"
+        ".globl ddheap__free_gate\n"
+        ".hidden ddheap__free_gate\n"
+        ".type ddheap__free_gate, %object\n"
+        ".size ddheap__free_gate, 1\n"
+        "ddheap__free_gate:\n"
+        ".byte 1\n" /* GATE_UNKNOWN */
+        ".popsection\n");
+
+#if !DDHEAP_MARK_TBI
+static uint32_t free_gate_slot = UINT32_MAX;
+
+void ddheap_register_free_gate(void)
+{
+    struct ddheap__shared *s = &ddheap_shared_v2;
+    if (free_gate_slot != UINT32_MAX)
+        return;
+    uint32_t slot = __atomic_fetch_add(&s->free_gate_count, 1, __ATOMIC_SEQ_CST);
+    if (slot >= DDHEAP__FREE_GATES)
+        return; /* no room: the gate stays "unknown", frees check live_marked */
+    __atomic_store_n(&s->free_gates[slot], (uintptr_t)&ddheap__free_gate, __ATOMIC_SEQ_CST);
+    free_gate_slot = slot;
+    if (__atomic_load_n(&s->free_gates_open, __ATOMIC_SEQ_CST) == 0) {
+        uint8_t unknown = GATE_UNKNOWN;
+        __atomic_compare_exchange_n(&ddheap__free_gate, &unknown, 0, false, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_RELAXED);
+    }
+}
+
+static void open_one_gate(uintptr_t *slot)
+{
+    for (;;) {
+        uintptr_t gate = __atomic_load_n(slot, __ATOMIC_SEQ_CST);
+        if (gate == 0)
+            return; /* never registered, or unloaded */
+        if (gate & SLOT_CLAIMED)
+            continue; /* another opener is writing through it: wait, then see */
+        if (__atomic_compare_exchange_n(slot, &gate, gate | SLOT_CLAIMED, false, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_RELAXED)) {
+            __atomic_store_n((uint8_t *)gate, GATE_OPEN, __ATOMIC_SEQ_CST);
+            __atomic_store_n(slot, gate, __ATOMIC_SEQ_CST);
+            return;
+        }
+    }
+}
+
+static void open_free_gates(struct ddheap__shared *s)
+{
+    __atomic_store_n(&s->free_gates_open, 1, __ATOMIC_SEQ_CST);
+    uint32_t count = __atomic_load_n(&s->free_gate_count, __ATOMIC_SEQ_CST);
+    if (count > DDHEAP__FREE_GATES)
+        count = DDHEAP__FREE_GATES;
+    for (uint32_t i = 0; i < count; i++)
+        open_one_gate(&s->free_gates[i]);
+}
+
+/* dlclose: no opener may write into this copy once it is unmapped. */
+__attribute__((destructor)) static void unregister_free_gate(void)
+{
+    struct ddheap__shared *s = &ddheap_shared_v2;
+    if (free_gate_slot == UINT32_MAX)
+        return;
+    uintptr_t *slot = &s->free_gates[free_gate_slot];
+    uintptr_t mine = (uintptr_t)&ddheap__free_gate;
+    for (;;) {
+        uintptr_t expected = mine; /* not claimed */
+        if (__atomic_compare_exchange_n(slot, &expected, 0, false, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_RELAXED))
+            break;
+        if (expected != (mine | SLOT_CLAIMED))
+            break; /* not ours any more (cannot happen) */
+    }
+    free_gate_slot = UINT32_MAX;
+}
+#endif
+
 void ddheap_ensure_keys(void)
 {
     struct ddheap__shared *s = &ddheap_shared_v2;
     if (__atomic_load_n(&s->keys_ready, __ATOMIC_ACQUIRE))
         return;
+#if !DDHEAP_MARK_TBI
+    /* Before any block can be marked: the keys are published below. */
+    ddheap__thread_state.busy++;
+    open_free_gates(s);
+    ddheap__thread_state.busy--;
+#endif
     /* Every copy computes the same values, so racing writers agree. */
     __atomic_store_n(&s->key_filter, ddheap_process_secret(4), __ATOMIC_RELAXED);
     __atomic_store_n(&s->key_xor, ddheap_process_secret(1), __ATOMIC_RELAXED);

@@ -68,6 +68,7 @@ extern uint32_t ddheap__tracer_gate DDHEAP__HIDDEN;
 #define DDHEAP__PAGE 4096u
 #define DDHEAP__HEADER 16u
 #define DDHEAP__TABLE_SLOTS 16384u
+#define DDHEAP__FREE_GATES 64u
 
 struct ddheap__table_slot {
     uintptr_t user; /* 0: free slot */
@@ -97,11 +98,27 @@ struct ddheap__shared {
      * blocks, and the rare small block that lands there. */
     uint64_t table_live;
     uint64_t table_overflow; /* entries placed outside their probe window */
-    uint64_t line2_pad[6];
+    uint32_t free_gates_open; /* ddheap__free_gate: see below */
+    uint32_t free_gate_count; /* slots of free_gates handed out */
+    uint64_t line2_pad[5];
     struct ddheap__table_slot table[DDHEAP__TABLE_SLOTS];
+    /* The address of each copy's ddheap__free_gate (bit 0 set while an
+     * opener writes through it; NULL once the copy is unloaded). */
+    uintptr_t free_gates[DDHEAP__FREE_GATES];
 };
 
 extern struct ddheap__shared ddheap_shared_v2 __attribute__((visibility("default")));
+
+/* The free path's first test in a shared library (header scheme). There,
+ * reading live_marked takes two instructions and a branch: the address of
+ * ddheap_shared_v2 comes from the GOT. This per-copy byte is read
+ * RIP-relative, in one compare: 0 means no block has ever been marked in
+ * the process (and none can be without this byte changing first); 1, the
+ * initial value, means "not known yet" (the copy's constructor has not run,
+ * or it could not register); 2 means opened. The first block marked in the
+ * process opens every registered copy's gate before it is handed out
+ * (src/shared.c); a gate never closes again. */
+extern uint8_t ddheap__free_gate DDHEAP__HIDDEN;
 
 /* Cold-path entry points (src/). A sampled request's dd_alloc_req_t goes
  * through memory: returned by the request, passed by address to created.

@@ -6,7 +6,8 @@
  *   requested, tracer:      + a thread-local subtract and a branch
  *   created:                one test of req.weight (folded by the compiler
  *                           into the branches above when it can see both)
- *   freed, nothing marked:  one load (live_marked), one branch
+ *   freed, nothing marked:  one load (live_marked; in a shared library
+ *                           this copy's free gate), one branch
  *   freed, something live:  + the page test and the keyed filter on the
  *                           header's first word (header scheme) / one
  *                           compare (aarch64 TBI)
@@ -41,6 +42,14 @@ static inline uint64_t ddheap__load_relaxed(const uint64_t *p)
  * 8-byte read is single-copy atomic on x86-64, as the relaxed atomic load
  * it replaces; asm goto is volatile, so the word is read at every call. */
 #if defined(__x86_64__)
+static inline int ddheap__nonzero8(const uint8_t *byte)
+{
+    __asm__ goto("cmpb $0, %0\n\tjne %l[nonzero]" : : "m"(*byte) : "cc" : nonzero);
+    return 0;
+nonzero:
+    return 1;
+}
+
 static inline int ddheap__nonzero32(const uint32_t *word)
 {
     __asm__ goto("cmpl $0, %0\n\tjne %l[nonzero]" : : "m"(*word) : "cc" : nonzero);
@@ -57,6 +66,11 @@ nonzero:
     return 1;
 }
 #else
+static inline int ddheap__nonzero8(const uint8_t *byte)
+{
+    return __atomic_load_n(byte, __ATOMIC_RELAXED) != 0;
+}
+
 static inline int ddheap__nonzero32(const uint32_t *word)
 {
     return __atomic_load_n(word, __ATOMIC_RELAXED) != 0;
@@ -196,6 +210,12 @@ static inline int ddheap__may_be_marked(void *ptr)
 #elif DDHEAP_MARK_TBI
     return ((uintptr_t)ptr >> 56) == DDHEAP__TAG;
 #else
+#if defined(__PIC__) && !defined(__PIE__)
+    /* A shared library: this copy's own gate first (coldpath.h), one
+     * compare instead of a GOT load and a compare. */
+    if (DDHEAP__LIKELY(!ddheap__nonzero8(&ddheap__free_gate)))
+        return 0;
+#endif
     if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v2.live_marked)))
         return 0;
     uintptr_t user = (uintptr_t)ptr;
