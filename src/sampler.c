@@ -261,25 +261,22 @@ DDHEAP_FRAMELESS dd_alloc_req_t ddheap__sample_request(size_t size, size_t align
     return with_mark_room(size, alignment, size);
 }
 
+#if DDHEAP_LIVE_HEAP
 /* A sampled block that the quick mark declined: keys not derived yet, a
  * page-start user pointer (the table), or a request that cannot carry a
  * header. Marking keeps errno itself (it may have to derive the keys). */
 __attribute__((noinline)) static void *created_the_long_way(void *raw, size_t user_size,
                                                             size_t extra, uint64_t weight)
 {
-    void *user = raw;
-#if DDHEAP_LIVE_HEAP
-    user = ddheap_mark_at(raw, (uint32_t)extra, extra, true);
+    void *user = ddheap_mark_at(raw, (uint32_t)extra, extra, true);
     if (user == NULL) {
         /* Cannot happen with a sane table size (docs/alignment.md); the
          * block then lives on unsampled with its slack unused. */
         return raw;
     }
-#else
-    (void)extra;
-#endif
     return ddheap_fire_alloc((uintptr_t)user, user_size, weight);
 }
+#endif
 
 /* The real allocation of a sampled request returned `raw`: mark it and
  * report it. Ends in tail calls only (the probe function hands back the
