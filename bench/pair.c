@@ -53,7 +53,7 @@
 
 /* ddheap's alloc-probe function (src/probes.c). Hidden, but reachable from
  * this executable because libddheap.a is linked in statically. */
-void ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight);
+void *ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight);
 
 #define MAX_THREADS 2
 #define MAX_LIST 8
@@ -265,6 +265,21 @@ static void run_probes(long n, int reps, int traced)
         double min, med = median_of(ns[p], reps, &min);
         printf("PROBE probe=%s traced=%d med=%.2f min=%.2f\n", probes[p].name, traced, med, min);
     }
+    /* What the kernel made of each probe site (all three sit at the first
+     * byte of their function): 0x90 / 0x0f untraced (the nops), 0xcc an
+     * int3 breakpoint, 0xe8 a call into the optimised-uprobe trampoline. A
+     * process reads its own text as the kernel patched it. */
+    static const struct {
+        const char *name;
+        uintptr_t site;
+    } sites[] = {
+        {"usual", (uintptr_t)dd_bench_probe_usual},
+        {"nop5", (uintptr_t)dd_bench_probe_nop5},
+        {"ddheap", (uintptr_t)ddheap_fire_alloc},
+    };
+    for (int p = 0; p < 3; p++)
+        printf("PROBESITE probe=%s traced=%d byte=0x%02x\n", sites[p].name, traced,
+               *(const volatile unsigned char *)sites[p].site);
 }
 
 /* --- command line --- */
