@@ -247,6 +247,9 @@ static double time_probe(probe_fn fn, long n)
     return (now_ns() - t0) / (double)n;
 }
 
+static long site_offsets[MAX_LIST];
+static int nsite_offsets;
+
 static void run_probes(long n, int reps, int traced)
 {
     static const struct {
@@ -265,10 +268,11 @@ static void run_probes(long n, int reps, int traced)
         double min, med = median_of(ns[p], reps, &min);
         printf("PROBE probe=%s traced=%d med=%.2f min=%.2f\n", probes[p].name, traced, med, min);
     }
-    /* What the kernel made of each probe site (all three sit at the first
-     * byte of their function): 0x90 / 0x0f untraced (the nops), 0xcc an
-     * int3 breakpoint, 0xe8 a call into the optimised-uprobe trampoline. A
-     * process reads its own text as the kernel patched it. */
+    /* What the kernel made of each probe site: 0x90 / 0x0f untraced (the
+     * nops), 0xcc an int3 breakpoint, 0xe8 a call into the optimised-uprobe
+     * trampoline. A process reads its own text as the kernel patched it.
+     * Where each site sits in its function comes from --site-offsets
+     * (tools/bench reads it off the .note.stapsdt locations). */
     static const struct {
         const char *name;
         uintptr_t site;
@@ -277,9 +281,9 @@ static void run_probes(long n, int reps, int traced)
         {"nop5", (uintptr_t)dd_bench_probe_nop5},
         {"ddheap", (uintptr_t)ddheap_fire_alloc},
     };
-    for (int p = 0; p < 3; p++)
+    for (int p = 0; p < 3 && p < nsite_offsets; p++)
         printf("PROBESITE probe=%s traced=%d byte=0x%02x\n", sites[p].name, traced,
-               *(const volatile unsigned char *)sites[p].site);
+               *(const volatile unsigned char *)(sites[p].site + (uintptr_t)site_offsets[p]));
 }
 
 /* --- command line --- */
@@ -299,7 +303,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: dd_bench_pair [--n N] [--reps R] [--threads 1,2] [--sizes 16,64,256,4096]\n"
                     "                     [--variants pie,pic] [--allocs libc,noop] [--no-realloc]\n"
-                    "                     [--callgrind] [--traced] [--probes]\n");
+                    "                     [--callgrind] [--traced] [--probes]\n"
+                    "                     [--site-offsets usual,nop5,ddheap]\n");
     exit(2);
 }
 
@@ -339,6 +344,8 @@ int main(int argc, char **argv)
             nthreads = parse_list(argv[++i], threads);
         else if (v && !strcmp(a, "--sizes"))
             nsizes = parse_list(argv[++i], sizes);
+        else if (v && !strcmp(a, "--site-offsets"))
+            nsite_offsets = parse_list(argv[++i], site_offsets);
         else if (v && !strcmp(a, "--variants")) {
             pie = strstr(v, "pie") != NULL;
             pic = strstr(v, "pic") != NULL;
