@@ -90,7 +90,7 @@ uint64_t ddheap_process_secret(uint64_t domain)
     uint64_t k[2] = {UINT64_C(0x6464686561702d31), UINT64_C(0x6e6f2d6174726e64)};
     const void *random16 = (const void *)getauxval(AT_RANDOM);
     /* Linux has passed AT_RANDOM since 2.6.29; without it the keys are
-     * fixed and only the address binding of the check word remains. */
+     * fixed and only the address binding of the header remains. */
     if (random16)
         memcpy(k, random16, sizeof k);
     return siphash_u64(k[0], k[1], domain);
