@@ -176,25 +176,27 @@ static inline bool config_current(const struct ddheap__thread *t)
  * interval changed): adopt it, then decide as usual. Adopting may read the
  * environment (getenv, write): errno is kept here, where it can change,
  * and the reentry guard held. */
-__attribute__((noinline)) static dd_alloc_req_t request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
+__attribute__((noinline)) static dd_alloc_req_t
+request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
 {
-    t->busy = 1;
+    t->busy++;
     int saved_errno = errno;
     adopt_config(t);
     errno = saved_errno;
-    t->busy = 0;
+    t->busy--;
     return ddheap__sample_request(size, alignment);
 }
 
 /* A sample point fell inside the block and R > 1: the weight and the next
  * countdown need floating point (sample_point), under the reentry guard. */
-__attribute__((noinline)) static dd_alloc_req_t request_at_sample_point(struct ddheap__thread *t, size_t size, size_t alignment)
+__attribute__((noinline)) static dd_alloc_req_t
+request_at_sample_point(struct ddheap__thread *t, size_t size, size_t alignment)
 {
     if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)) /* see ddheap__sample_request */
         return pass_through(size, alignment);
-    t->busy = 1;
+    t->busy++;
     uint64_t weight = sample_point(t, size);
-    t->busy = 0;
+    t->busy--;
     return with_mark_room(size, alignment, weight);
 }
 
@@ -205,11 +207,11 @@ static inline bool thread_can_mark(struct ddheap__thread *t)
 #if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
     if (DDHEAP__LIKELY(t->tagging == DDHEAP_TAGGING_ON))
         return true;
-    t->busy = 1;
+    t->busy++;
     int saved_errno = errno; /* a thread's first readiness check calls prctl */
     bool ready = ddheap_mark_thread_ready(t);
     errno = saved_errno;
-    t->busy = 0;
+    t->busy--;
     return ready;
 #elif DDHEAP_LIVE_HEAP
     return ddheap_mark_thread_ready(t); /* header scheme: always */
@@ -233,9 +235,10 @@ static inline bool thread_can_mark(struct ddheap__thread *t)
  * (it left the countdown at 0), or the thread is new. Decides whether the
  * block is sampled, and leaves the countdown set for the next block.
  *
- * Every call this function makes is a tail call: the common cases (R = 1,
- * or the countdown check after a new configuration) then need no saved
- * registers and no frame of their own beyond the frame pointer.
+ * The common cases (R = 1, the countdown check after a new configuration)
+ * call nothing; what needs calls (adopting a configuration, R > 1's
+ * floating point) is in functions of its own, so the common path keeps no
+ * registers across a call and sets up no frame.
  */
 DDHEAP_FRAMELESS dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
 {
