@@ -24,8 +24,8 @@
  * load, XOR, compare, branch), so the frees of unsampled blocks pay four
  * instructions while something is live. The filter alone is not a proof: a
  * leaked header reveals key_filter. The cold path therefore verifies the
- * tag (lookup, below), whose keys a header does not reveal, before it
- * trusts offset and extra. The tag binds address and fields after a
+ * tag (ddheap_header_read, below), whose keys a header does not reveal,
+ * before it trusts offset and extra. The tag binds address and fields after a
  * multiply and a rotation: were they simply XORed, a header copied from
  * block x to y with its fields adjusted by x ^ y would pass, the forgery
  * tests/fuzz/fuzz_forge.c looks for. Forging a header for another address

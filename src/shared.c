@@ -18,6 +18,7 @@
  */
 #include "internal.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <sys/auxv.h>
 
@@ -111,7 +112,10 @@ uint64_t ddheap_process_secret(uint64_t domain)
  * by a copy's destructor before dlclose unmaps its gate, which waits for a
  * claim to be released: an opener never writes into an unloaded copy.
  * Openers run with the thread's reentry guard held, so a signal handler on
- * the same thread never samples (and never opens) meanwhile.
+ * the same thread never samples (and never opens) meanwhile. A child
+ * forked while another thread held a claim would wait for it for ever (at
+ * its first mark, or in that copy's destructor at exit): the fork handler
+ * below finishes such writes in the child and drops the claims.
  */
 #define GATE_UNKNOWN 1u
 #define GATE_OPEN 2u
@@ -132,6 +136,8 @@ __asm__(".pushsection .data.ddheap__free_gate,\"aw\",%progbits\n"
 #if !DDHEAP_MARK_TBI
 static uint32_t free_gate_slot = UINT32_MAX;
 
+static void finish_claims_in_child(void);
+
 void ddheap_register_free_gate(void)
 {
     struct ddheap__shared *s = &ddheap_shared_v2;
@@ -142,6 +148,10 @@ void ddheap_register_free_gate(void)
         return; /* no room: the gate stays "unknown", frees check live_marked */
     __atomic_store_n(&s->free_gates[slot], (uintptr_t)&ddheap__free_gate, __ATOMIC_SEQ_CST);
     free_gate_slot = slot;
+    /* Every copy registers the handler; running it twice is harmless.
+     * (pthread_atfork only fails for lack of memory: the child then keeps
+     * the tiny window described above.) */
+    (void)pthread_atfork(NULL, NULL, finish_claims_in_child);
     if (__atomic_load_n(&s->free_gates_open, __ATOMIC_SEQ_CST) == 0) {
         uint8_t unknown = GATE_UNKNOWN;
         __atomic_compare_exchange_n(&ddheap__free_gate, &unknown, 0, false, __ATOMIC_SEQ_CST,
@@ -174,6 +184,21 @@ static void open_free_gates(struct ddheap__shared *s)
         count = DDHEAP__FREE_GATES;
     for (uint32_t i = 0; i < count; i++)
         open_one_gate(&s->free_gates[i]);
+}
+
+/* In a child just forked, only the forking thread exists: a claim is a
+ * write that will never finish. The claimed gate is still mapped (its
+ * destructor was waiting for the claim, if it had begun). */
+static void finish_claims_in_child(void)
+{
+    struct ddheap__shared *s = &ddheap_shared_v2;
+    for (uint32_t i = 0; i < DDHEAP__FREE_GATES; i++) {
+        uintptr_t gate = __atomic_load_n(&s->free_gates[i], __ATOMIC_RELAXED);
+        if (gate & SLOT_CLAIMED) {
+            __atomic_store_n((uint8_t *)(gate & ~SLOT_CLAIMED), GATE_OPEN, __ATOMIC_RELAXED);
+            __atomic_store_n(&s->free_gates[i], gate & ~SLOT_CLAIMED, __ATOMIC_RELAXED);
+        }
+    }
 }
 
 /* dlclose: no opener may write into this copy once it is unmapped. */

@@ -11,7 +11,10 @@
  *  3. the first mark, in the executable's copy: the linked plugin's gate
  *     is open before the block is handed out, and the plugin's free
  *     recognises the block (the real free gets the raw pointer back);
- *  4. a plugin loaded after that starts open, and recognises blocks too.
+ *  4. a plugin loaded after that starts open, and recognises blocks too;
+ *  5. a child forked while a slot was claimed (an opener in another thread,
+ *     simulated) finishes the write and drops the claim: otherwise its
+ *     openers and that copy's destructor would wait for ever.
  */
 #include <ddheap.h>
 #include <ddheap/testing.h>
@@ -22,6 +25,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -121,6 +126,27 @@ static void test_gates_open_before_the_first_mark(void **state)
     assert_int_equal(dlclose(h), 0);
     dd_heap_simulate_tracer(false);
     ddheap_test_set_probe_hook(NULL, NULL);
+
+    /* 5: nothing is marked now, so the gate may be closed for the test */
+    assert_int_equal(ddheap_test_live_marked(), 0);
+    uintptr_t mine = (uintptr_t)&ddheap__free_gate;
+    unsigned slot = DDHEAP__FREE_GATES;
+    for (unsigned i = 0; i < DDHEAP__FREE_GATES; i++)
+        if (ddheap_shared_v2.free_gates[i] == mine)
+            slot = i;
+    assert_true(slot < DDHEAP__FREE_GATES);
+    __atomic_store_n(&ddheap__free_gate, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&ddheap_shared_v2.free_gates[slot], mine | 1, __ATOMIC_SEQ_CST);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0)
+        _exit(ddheap_shared_v2.free_gates[slot] == mine && ddheap__free_gate == 2 ? 0 : 1);
+    int status;
+    assert_int_equal(waitpid(child, &status, 0), child);
+    __atomic_store_n(&ddheap_shared_v2.free_gates[slot], mine, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&ddheap__free_gate, 2, __ATOMIC_SEQ_CST);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 int main(void)
