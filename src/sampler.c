@@ -172,21 +172,6 @@ static inline bool config_current(const struct ddheap__thread *t)
     return t->epoch == __atomic_load_n(&config.epoch, __ATOMIC_RELAXED);
 }
 
-/* The thread has not adopted the current configuration (first use, or the
- * interval changed): adopt it, then decide as usual. Adopting may read the
- * environment (getenv, write): errno is kept here, where it can change,
- * and the reentry guard held. */
-__attribute__((noinline)) static dd_alloc_req_t
-request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
-{
-    t->busy++;
-    int saved_errno = errno;
-    adopt_config(t);
-    errno = saved_errno;
-    t->busy--;
-    return ddheap__sample_request(size, alignment);
-}
-
 /* A sample point fell inside the block and R > 1: the weight and the next
  * countdown need floating point (sample_point), under the reentry guard. */
 __attribute__((noinline)) static dd_alloc_req_t
@@ -221,6 +206,42 @@ static inline bool thread_can_mark(struct ddheap__thread *t)
 #endif
 }
 
+/* A sample point falls inside the block, and the thread's configuration
+ * is current. */
+static inline dd_alloc_req_t sampled_block(struct ddheap__thread *t, size_t size,
+                                           size_t alignment)
+{
+    if (!thread_can_mark(t)) {
+        t->countdown = UINT64_MAX;
+        return pass_through(size, alignment);
+    }
+    if (t->mean > 1)
+        return request_at_sample_point(t, size, alignment);
+    /* R = 1: every non-empty block, weight = size; the countdown stays 0 */
+    return with_mark_room(size, alignment, size);
+}
+
+/* The thread has not adopted the current configuration (first use, or the
+ * interval changed): adopt it, which draws a fresh countdown, and decide
+ * again whether the block holds a sample point. Adopting may read the
+ * environment (getenv, write): errno is kept here, where it can change,
+ * and the reentry guard held. With sampling disabled the countdown is
+ * parked at the maximum, so the block passes here. */
+__attribute__((noinline)) static dd_alloc_req_t
+request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
+{
+    t->busy++;
+    int saved_errno = errno;
+    adopt_config(t);
+    errno = saved_errno;
+    t->busy--;
+    if (t->countdown >= size) { /* no sample point inside this block */
+        t->countdown -= size;
+        return pass_through(size, alignment);
+    }
+    return sampled_block(t, size, alignment);
+}
+
 /* src/ is built with frame pointers so that a tracer's stack walk at a
  * probe gets through ddheap's frames; no probe fires while the request is
  * on the stack, so it can do without (GCC; clang has no such attribute). */
@@ -231,14 +252,16 @@ static inline bool thread_can_mark(struct ddheap__thread *t)
 #endif
 
 /*
- * The fast path saw the countdown run out inside a block of `size` bytes
- * (it left the countdown at 0), or the thread is new. Decides whether the
- * block is sampled, and leaves the countdown set for the next block.
+ * The fast path saw the countdown run out inside a block of `size` bytes,
+ * and left it at 0: this is the only way in, so the block holds a sample
+ * point unless the thread is new or the interval changed (its countdown
+ * was then drawn for another configuration, or never). Decides the block,
+ * and leaves the countdown set for the next one.
  *
- * The common cases (R = 1, the countdown check after a new configuration)
- * call nothing; what needs calls (adopting a configuration, R > 1's
- * floating point) is in functions of its own, so the common path keeps no
- * registers across a call and sets up no frame.
+ * The common cases (R = 1, a current configuration) call nothing; what
+ * needs calls (adopting a configuration, R > 1's floating point) is in
+ * functions of its own, so the common path keeps no registers across a
+ * call and sets up no frame.
  */
 DDHEAP_FRAMELESS dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
 {
@@ -247,21 +270,7 @@ DDHEAP_FRAMELESS dd_alloc_req_t ddheap__sample_request(size_t size, size_t align
         return pass_through(size, alignment);
     if (DDHEAP__UNLIKELY(!config_current(t)))
         return request_with_new_config(t, size, alignment);
-    /* With sampling disabled, adopt_config parked the countdown at the
-     * maximum and set mean to it, so no block reaches the R = 1 path below;
-     * request_at_sample_point checks for itself. */
-    if (!thread_can_mark(t)) {
-        t->countdown = UINT64_MAX;
-        return pass_through(size, alignment);
-    }
-    if (t->countdown >= size) { /* no sample point inside this block (size 0 never has one) */
-        t->countdown -= size;
-        return pass_through(size, alignment);
-    }
-    if (t->mean > 1)
-        return request_at_sample_point(t, size, alignment);
-    /* R = 1: every non-empty block, weight = size; the countdown stays 0 */
-    return with_mark_room(size, alignment, size);
+    return sampled_block(t, size, alignment);
 }
 
 #if DDHEAP_LIVE_HEAP
