@@ -278,7 +278,7 @@ DDHEAP_FRAMELESS dd_alloc_req_t ddheap__sample_request(size_t size, size_t align
  * page-start user pointer (the table), or a request that cannot carry a
  * header. Marking keeps errno itself (it may have to derive the keys). */
 __attribute__((noinline)) static void *created_the_long_way(void *raw, size_t user_size,
-                                                            size_t extra, uint64_t weight)
+                                                            uint64_t weight, size_t extra)
 {
     void *user = ddheap_mark_at(raw, (uint32_t)extra, extra, true);
     if (user == NULL) {
@@ -293,14 +293,14 @@ __attribute__((noinline)) static void *created_the_long_way(void *raw, size_t us
 /* The real allocation of a sampled request returned `raw`: mark it and
  * report it. Ends in tail calls only (the probe function hands back the
  * user pointer), so it needs no saved registers. */
-void *ddheap__sample_created(void *raw, size_t user_size, size_t extra, uint64_t weight)
+void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight, size_t extra)
 {
     if (raw == NULL) /* the real allocation failed: nothing to report */
         return NULL;
 #if DDHEAP_LIVE_HEAP
     void *user = ddheap_mark_fresh(raw, extra);
     if (DDHEAP__UNLIKELY(user == NULL))
-        return created_the_long_way(raw, user_size, extra, weight);
+        return created_the_long_way(raw, user_size, weight, extra);
 #else
     void *user = raw;
     (void)extra;

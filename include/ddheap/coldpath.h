@@ -130,8 +130,8 @@ struct dd_alloc_req;
 struct dd_alloc_freed;
 struct dd_realloc_prep;
 DDHEAP__HIDDEN struct dd_alloc_req ddheap__sample_request(size_t size, size_t alignment);
-DDHEAP__HIDDEN void *ddheap__sample_created(void *raw, size_t user_size, size_t extra,
-                                            uint64_t weight);
+DDHEAP__HIDDEN void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight,
+                                            size_t extra);
 DDHEAP__HIDDEN struct dd_alloc_freed ddheap__release(void *user, size_t size);
 /* src/realloc.c: a realloc with a tracer attached or a marked old block */
 DDHEAP__HIDDEN struct dd_realloc_prep ddheap__realloc_prepare(void *old_user, size_t new_size);

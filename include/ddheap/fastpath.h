@@ -194,7 +194,7 @@ static inline dd_alloc_req_t dd_allocation_requested(size_t size, size_t alignme
 static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
 {
     if (DDHEAP__UNLIKELY(req.weight != 0))
-        return ddheap__sample_created(raw, req.user_size, req.size - req.user_size, req.weight);
+        return ddheap__sample_created(raw, req.user_size, req.weight, req.size - req.user_size);
     return raw;
 }
 
