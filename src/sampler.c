@@ -177,8 +177,13 @@ static inline bool config_current(const struct ddheap__thread *t)
 __attribute__((noinline)) static dd_alloc_req_t
 request_at_sample_point(struct ddheap__thread *t, size_t size, size_t alignment)
 {
-    if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)) /* see ddheap__sample_request */
+    if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)) {
+        /* Disabled with a current epoch: adopt_config parked the countdown,
+         * so only a countdown run down from the maximum gets here. Park it
+         * again. (mean is the maximum then, so R = 1's path is never it.) */
+        t->countdown = UINT64_MAX;
         return pass_through(size, alignment);
+    }
     t->busy++;
     uint64_t weight = sample_point(t, size);
     t->busy--;
