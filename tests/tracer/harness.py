@@ -16,9 +16,13 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import stapsdt  # noqa: E402
 
 TIMEOUT = 60  # seconds for any single wait; a hang fails, it never blocks CI
 
@@ -162,20 +166,7 @@ def stop_quietly(*tracers):
 
 def semaphores(binary):
     """{(provider, probe): link-time address} from the binary's stapsdt notes."""
-    out = subprocess.run(["readelf", "-n", binary], capture_output=True, text=True,
-                         check=True).stdout
-    found = {}
-    provider = name = None
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("Provider:"):
-            provider = line.split()[1]
-        elif line.startswith("Name:"):
-            name = line.split()[1]
-        elif line.startswith("Location:"):
-            m = re.search(r"Semaphore: (0x[0-9a-f]+)", line)
-            if m:
-                found[(provider, name)] = int(m.group(1), 16)
+    found = {(n.provider, n.name): n.semaphore for n in stapsdt.read(binary) if n.semaphore}
     if not found:
         raise Failure(f"no stapsdt semaphores in {binary}")
     return found

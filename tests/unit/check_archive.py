@@ -12,15 +12,12 @@ linker see it:
 Prints one line per check and a closing "N passed, N failed" line.
 """
 import argparse
-import re
+import os
 import subprocess
 import sys
 
-REGS = {
-    "x86_64": ["%rdi", "%rsi", "%rdx", "%rcx"],
-    "aarch64": ["x0", "x1", "x2", "x3"],
-}
-ARITY = {"alloc": 3, "free": 1, "realloc": 4}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import stapsdt  # noqa: E402
 
 # sys/sdt.h itself defines this weak, hidden anchor in every object with a
 # probe; hidden symbols never reach a user's dynamic symbol table.
@@ -38,7 +35,6 @@ def main():
     ap.add_argument("--cpu", required=True)
     args = ap.parse_args()
     providers = [p for p in args.providers.split(",") if p]
-    regs = REGS[args.cpu]
     passed = failed = 0
 
     def check(ok, what):
@@ -49,22 +45,11 @@ def main():
         else:
             failed += 1
 
-    notes = run("readelf", "-n", args.archive)
-    probes = re.findall(
-        r"Provider: (\S+)\s+Name: (\S+)\s+Location: .*?Semaphore: (0x[0-9a-f]+)\s+Arguments: ([^\n]*)",
-        notes,
-    )
-    for provider in ["ddheap", "otel_memory"]:
-        for name, arity in ARITY.items():
-            found = [p for p in probes if p[0] == provider and p[1] == name]
-            want = 1 if provider in providers else 0
-            check(len(found) == want, f"{provider}:{name} appears {len(found)} time(s), expected {want}")
-            for _, _, sem, arguments in found:
-                expected = " ".join(f"8@{r}" for r in regs[:arity])
-                check(arguments.strip() == expected, f"{provider}:{name} arguments '{arguments.strip()}' == '{expected}'")
+    probes = stapsdt.read(args.archive)
+    stapsdt.check_each_probe_once(probes, providers, args.cpu, check)
     check(len(probes) == 3 * len(providers), f"{len(probes)} probes in total")
     # The fast path reads both alloc semaphores as one 32-bit word.
-    sems = {p[0]: int(p[2], 16) for p in probes if p[1] == "alloc"}
+    sems = {p.provider: p.semaphore for p in probes if p.name == "alloc"}
     if len(sems) == 2:
         check(sems["otel_memory"] == sems["ddheap"] + 2 and sems["ddheap"] % 4 == 0,
               "the two alloc semaphores form one aligned 32-bit word")
