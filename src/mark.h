@@ -80,6 +80,13 @@ bool ddheap_table_insert(uintptr_t user, uint64_t meta);
 bool ddheap_table_find(uintptr_t user, uint64_t *meta);
 bool ddheap_table_remove(uintptr_t user, uint64_t *meta);
 
+/* Every scheme counts its marks in the process-wide live_marked (the free
+ * path's "nothing is marked" shortcut). */
+static inline void ddheap_count_marked(int delta)
+{
+    __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+}
+
 /* meta word of a table slot (mark_table.c):
  *   bits  0..31  offset: user pointer minus raw pointer
  *   bits 32..62  extra: bytes added to the user's size in the real request

@@ -12,12 +12,10 @@
 bool ddheap_header_words(uintptr_t user, uint32_t offset, size_t extra, bool reported,
                          uint64_t words[2])
 {
-    const struct ddheap__shared *sh = &ddheap_shared_v2;
     uint64_t fields;
     if (!ddheap_header_fields(offset, extra, reported, &fields))
         return false;
-    words[0] = (uint64_t)user ^ sh->key_filter;
-    words[1] = fields | ddheap_header_tag(user, fields, sh->key_xor, sh->key_mul);
+    ddheap_header_compute(user, fields, ddheap_key_mul_if_ready(), words);
     return true;
 }
 

@@ -94,11 +94,6 @@ static inline uint64_t ddheap_header_tag(uintptr_t user, uint64_t fields, uint64
     return (a * key_mul) & ~DDHEAP_HEADER_FIELD_MASK;
 }
 
-static inline void ddheap_count_marked(int delta)
-{
-    __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
-}
-
 /* key_mul, or 0 while the keys are not derived yet. It is odd once set,
  * and stored last with release ordering (shared.c), so a non-zero value
  * read here with acquire ordering comes with the other two keys. */
@@ -107,13 +102,20 @@ static inline uint64_t ddheap_key_mul_if_ready(void)
     return __atomic_load_n(&ddheap_shared_v2.key_mul, __ATOMIC_ACQUIRE);
 }
 
+/* The two words of the header of a block at `user` (fields encoded). */
+static inline void ddheap_header_compute(uintptr_t user, uint64_t fields, uint64_t key_mul,
+                                         uint64_t words[2])
+{
+    const struct ddheap__shared *sh = &ddheap_shared_v2;
+    words[0] = (uint64_t)user ^ sh->key_filter;
+    words[1] = fields | ddheap_header_tag(user, fields, sh->key_xor, key_mul);
+}
+
 /* Writes the header of a block at `user` (fields already encoded). */
 static inline void ddheap_header_write(uintptr_t user, uint64_t fields, uint64_t key_mul)
 {
-    const struct ddheap__shared *sh = &ddheap_shared_v2;
     uint64_t words[2];
-    words[0] = (uint64_t)user ^ sh->key_filter;
-    words[1] = fields | ddheap_header_tag(user, fields, sh->key_xor, key_mul);
+    ddheap_header_compute(user, fields, key_mul, words);
     __builtin_memcpy((char *)user - DDHEAP__HEADER, words, sizeof words);
 }
 

@@ -40,11 +40,6 @@ static inline size_t ddheap_mark_extra(size_t alignment)
     return 0;
 }
 
-static inline void ddheap_count_marked(int delta)
-{
-    __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
-}
-
 /* A tag carries one bit of information: "sampled and reported". It has no
  * room for an offset or extra bytes (mark_extra never asks for any), and
  * the top byte must be ours to set. */
