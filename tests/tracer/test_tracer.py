@@ -4,7 +4,8 @@ checked against the workload's own ground truth.
 
     test_tracer.py TEST WORKLOAD TOOLS_DIR
 
-TEST is one of: no_tracer, exact, sampled, detach, events (one meson test each).
+TEST is one of: no_tracer, exact, sampled, detach, events, stacks (one meson test
+each; stacks runs tests/tracer/stack_sites.c as WORKLOAD).
 Needs root (bpftrace); exits 77 (skipped) only when not root, and fails when
 root but bpftrace is missing. Ends with "N passed, N failed".
 """
@@ -313,8 +314,88 @@ def test_events(c, workload, tools):
     c.equal(sum(1 for v in balance.values() if v != 0), 0, "addresses with allocs != frees")
 
 
+# tests/tracer/stack_sites.c: the size of an alloc event names its site.
+STACK_SITE_OF_SIZE = {40: "site_malloc", 700: "site_malloc", 3000: "site_malloc",
+                      1500: "site_aligned", 8192: "site_aligned",
+                      2400: "site_realloc", 6000: "site_realloc"}
+STACK_PATH_OF_SITE = {"site_malloc": "malloc", "site_aligned": "aligned",
+                      "site_realloc": "realloc"}
+STACK_FREE_SITES = ("site_free", "site_realloc")  # realloc frees the old block
+STACK_MIN_SAMPLES = 1000  # per path, so that 99.9 % allows at most one miss in a thousand
+
+
+def frame_names(frames):
+    """Function names of a symbolised stack, compiler suffixes (.part.0) cut."""
+    return [f.split(".")[0] for f in frames]
+
+
+def test_stacks(c, workload, tools):
+    """A workload built the way users build (-O2, frame pointers, wrappers
+    ending in `return dd_allocation_created(...)` and `return
+    dd_allocation_realloc_commit(...)`, which become jumps), linked with
+    the library as built in this directory: bpftrace's ustack, a
+    frame-pointer walk from the probe, names the site that called the
+    wrapper in at least 99.9 % of sampled stacks, for the malloc, aligned
+    and realloc paths, and every free's stack names the site that freed.
+    The wrapper's own frame is rightly missing (it jumped away); the site's
+    can only be found through a frame that ddheap's probe function set up
+    (docs/probes.md, "Stacks")."""
+    w = Workload(workload, ["--rounds=20000", "--seed=20261201"],
+                 {"DD_HEAP_SAMPLING_INTERVAL": "4096"})
+    t = None
+    try:
+        w.wait_line("stacks: pid=")
+        t = Tracer(os.path.join(HERE, "stacks.bt"), [workload], w.pid)
+        t.wait_ready("READY")
+        w.send("go")
+        w.wait_line("stacks: done")
+        out = t.stop()
+        w.send("exit")
+        c.equal(w.finish(), 0, "workload exit code")
+    finally:
+        w.kill()
+        harness.stop_quietly(t)
+
+    maps = harness.parse_maps(out)
+    seen = {path: [0, 0] for path in STACK_PATH_OF_SITE.values()}  # [events, naming the site]
+    stray = {}
+    example_miss = {}
+    for frames, size, count in maps.get("alloc", []):
+        site = STACK_SITE_OF_SIZE.get(int(size))
+        if site is None:
+            stray[int(size)] = stray.get(int(size), 0) + count
+            continue
+        path = STACK_PATH_OF_SITE[site]
+        seen[path][0] += count
+        if site in frame_names(frames):
+            seen[path][1] += count
+        else:
+            example_miss.setdefault(path, frames)
+    c.equal(stray, {}, "alloc events of sizes no site allocates")
+    for path, (events, named) in seen.items():
+        c.check(events >= STACK_MIN_SAMPLES, f"{path}: {events} sampled allocs >= {STACK_MIN_SAMPLES}")
+        share = named / events if events else 0.0
+        c.check(share >= 0.999, f"{path}: {named} of {events} alloc stacks ({100 * share:.2f} %) "
+                                f"name the site, >= 99.9 %"
+                                + (f"; e.g. {' <- '.join(example_miss[path][:5])}"
+                                   if path in example_miss else ""))
+    frees = named = 0
+    miss = None
+    for frames, _, count in maps.get("free", []):
+        frees += count
+        if any(s in frame_names(frames) for s in STACK_FREE_SITES):
+            named += count
+        elif miss is None:
+            miss = frames
+    c.check(frees >= STACK_MIN_SAMPLES, f"free: {frees} sampled frees >= {STACK_MIN_SAMPLES}")
+    share = named / frees if frees else 0.0
+    c.check(share >= 0.999, f"free: {named} of {frees} free stacks ({100 * share:.2f} %) name "
+                            f"site_free or site_realloc, >= 99.9 %"
+                            + (f"; e.g. {' <- '.join(miss[:5])}" if miss else ""))
+
+
 TESTS = {"no_tracer": test_no_tracer, "events": test_events, "exact": test_exact, "sampled": test_sampled,
-         "detach": test_detach}
+         "detach": test_detach, "stacks": test_stacks}
 
 
 def main():
