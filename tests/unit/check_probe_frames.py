@@ -7,11 +7,11 @@ the user's wrapper and ddheap's cold path reach the probe by tail calls.
 
     check_probe_frames.py ARCHIVE --cpu=x86_64|aarch64 [--objdump=PROGRAM]
 
-For each probe note, the code of its function from the entry to the probe
-site must be straight-line (every path to the probe is that one) and set up
-the frame record first (`push %rbp; mov %rsp,%rbp` on x86-64, `stp x29, x30,
-[sp, ...]; mov x29, sp` or `add x29, sp, #N` on aarch64) without tearing it
-down again. This is the static half of the guarantee, so that it is checked
+For each probe note, its function must set up the frame record in its
+entry block, before any branch or call, so on every path (`push %rbp; mov
+%rsp,%rbp` on x86-64, `stp x29, x30, [sp, ...]; mov x29, sp` or `add x29,
+sp, #N` on aarch64), and nothing between there and the probe site may take
+it down again. This is the static half of the guarantee, so that it is checked
 in every build, aarch64 under emulation included, where bpftrace cannot run;
 tests/tracer (test "stacks") checks the walk itself.
 
@@ -29,8 +29,8 @@ import stapsdt  # noqa: E402
 FUNCTION = re.compile(r"^([0-9a-f]+) <([^>]+)>:$")
 INSN = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
 
-# What sets the frame record up, what takes it down, what leaves
-# straight-line code (then the linear scan would not be every path).
+# What sets the frame record up, what takes it down, what ends the entry
+# block (the setup must come before it, to be on every path).
 X86 = {
     "setup": [lambda m, a: m == "push" and a == "%rbp",
               lambda m, a: m == "mov" and a == "%rsp,%rbp"],
@@ -94,8 +94,10 @@ def function_at(functions, address):
 
 
 def frame_at(insns, address, arch):
-    """None if the code from the entry to `address` sets up the frame
-    record in straight-line code and keeps it; else what is wrong."""
+    """None if the frame record is set up in the function's entry block
+    (before any branch or call, so on every path) and not taken down
+    anywhere between there and the probe site at `address`; else what is
+    wrong. Branches after the setup are allowed (sanitizers add some)."""
     steps = arch["setup"]
     done = 0
     for addr, mnemonic, operands in insns[1:]:
@@ -105,11 +107,12 @@ def frame_at(insns, address, arch):
             return None if done == len(steps) else "no frame record set up before the probe site"
         if addr > address:
             break
-        if arch["branch"](mnemonic, operands):
-            return f"{mnemonic} {operands} at {addr:#x}, before the probe site"
-        if done < len(steps) and steps[done](mnemonic, operands):
-            done += 1
-        elif done == len(steps) and arch["teardown"](mnemonic, operands):
+        if done < len(steps):
+            if steps[done](mnemonic, operands):
+                done += 1
+            elif arch["branch"](mnemonic, operands):
+                return f"{mnemonic} {operands} at {addr:#x}, before the frame record is set up"
+        elif arch["teardown"](mnemonic, operands):
             return f"the frame record is taken down at {addr:#x}, before the probe site"
     return "no instruction at the probe site"
 
