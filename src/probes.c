@@ -141,8 +141,33 @@ __attribute__((noinline, cold)) static void *run_alloc_hook(uintptr_t ptr, uint6
 #define DDHEAP_PROBE_FN __attribute__((noinline, noclone, used))
 #endif
 
+/*
+ * A frame of the probe function's own at the probe site, in every build
+ * type and with either compiler (docs/probes.md, "Stacks").
+ *
+ * A tracer's stack at a probe is a frame-pointer walk: the probe site,
+ * then the return address of each frame on the rbp (x29) chain. A
+ * function that has not set up its frame hides the return address on top
+ * of its stack (in x30 on aarch64), i.e. the function that called it. The
+ * probe functions are reached by tail calls: the user's wrapper ends in
+ * `return dd_allocation_created(...)`, a jump into the cold path at -O2,
+ * which itself ends in a jump here. The return address on top of the
+ * stack is then the one into the allocation site, and only a frame set up
+ * here puts it on the chain. Without one, -fno-omit-frame-pointer is not
+ * enough: these functions need no stack, and GCC's shrink-wrapping moves
+ * the prologue onto the test hook's path, or drops it.
+ *
+ * Taking the frame's address makes both compilers set up the frame (push
+ * rbp; mov rsp, rbp / stp x29, x30; mov x29, sp) before anything that
+ * uses it, and the empty volatile asm that uses it stays before the
+ * probe's own volatile asm. It costs the frame (3 instructions per probe
+ * on x86-64), on the sampled path only.
+ */
+#define DDHEAP_FRAME_AT_PROBE() __asm__ volatile("" : : "r"(__builtin_frame_address(0)))
+
 DDHEAP_PROBE_FN void *ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight)
 {
+    DDHEAP_FRAME_AT_PROBE();
     DDHEAP_ARG_REGS(ptr, size, weight, 0);
     (void)a4;
 #if DDHEAP_PROVIDER_DDHEAP
@@ -161,6 +186,7 @@ DDHEAP_PROBE_FN void *ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t w
  * register is pinned, so nothing overwrites them. */
 DDHEAP_PROBE_FN dd_alloc_freed_t ddheap_fire_free(uintptr_t ptr, void *raw, size_t size)
 {
+    DDHEAP_FRAME_AT_PROBE();
     DDHEAP_ARG_REG1(ptr);
 #if DDHEAP_PROVIDER_DDHEAP
     STAP_PROBE1(ddheap, free, a1);
@@ -177,6 +203,7 @@ DDHEAP_PROBE_FN dd_alloc_freed_t ddheap_fire_free(uintptr_t ptr, void *raw, size
 DDHEAP_PROBE_FN void ddheap_fire_realloc(uintptr_t old_ptr, uintptr_t new_ptr, uint64_t size,
                                          uint64_t weight)
 {
+    DDHEAP_FRAME_AT_PROBE();
     DDHEAP_ARG_REGS(old_ptr, new_ptr, size, weight);
 #if DDHEAP_PROVIDER_DDHEAP
     STAP_PROBE4(ddheap, realloc, a1, a2, a3, a4);

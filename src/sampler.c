@@ -249,7 +249,9 @@ request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
 
 /* src/ is built with frame pointers so that a tracer's stack walk at a
  * probe gets through ddheap's frames; no probe fires while the request is
- * on the stack, so it can do without (GCC; clang has no such attribute). */
+ * on the stack, so it can do without (GCC; clang has no such attribute).
+ * Never on a function that calls a probe function other than by a tail
+ * call: its caller would vanish from the stack (src/probes.c). */
 #if defined(__clang__)
 #define DDHEAP_FRAMELESS
 #else

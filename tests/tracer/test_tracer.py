@@ -4,7 +4,8 @@ checked against the workload's own ground truth.
 
     test_tracer.py TEST WORKLOAD TOOLS_DIR
 
-TEST is one of: no_tracer, exact, sampled, detach, events (one meson test each).
+TEST is one of: no_tracer, exact, sampled, detach, events, live_full, live_seeds,
+stacks (one meson test each; stacks runs tests/tracer/stack_sites.c as WORKLOAD).
 Needs root (bpftrace); exits 77 (skipped) only when not root, and fails when
 root but bpftrace is missing. Ends with "N passed, N failed".
 """
@@ -313,8 +314,182 @@ def test_events(c, workload, tools):
     c.equal(sum(1 for v in balance.values() if v != 0), 0, "addresses with allocs != frees")
 
 
+# tests/tracer/stack_sites.c: the size of an alloc event names its site.
+STACK_SITE_OF_SIZE = {40: "site_malloc", 700: "site_malloc", 3000: "site_malloc",
+                      1500: "site_aligned", 8192: "site_aligned",
+                      2400: "site_realloc", 6000: "site_realloc"}
+STACK_PATH_OF_SITE = {"site_malloc": "malloc", "site_aligned": "aligned",
+                      "site_realloc": "realloc"}
+STACK_FREE_SITES = ("site_free", "site_realloc")  # realloc frees the old block
+STACK_MIN_SAMPLES = 1000  # per path, so that 99.9 % allows at most one miss in a thousand
+
+
+def frame_names(frames):
+    """Function names of a symbolised stack, compiler suffixes (.part.0) cut."""
+    return [f.split(".")[0] for f in frames]
+
+
+def test_stacks(c, workload, tools):
+    """A workload built the way users build (-O2, frame pointers, wrappers
+    ending in `return dd_allocation_created(...)` and `return
+    dd_allocation_realloc_commit(...)`, which become jumps), linked with
+    the library as built in this directory: bpftrace's ustack, a
+    frame-pointer walk from the probe, names the site that called the
+    wrapper in at least 99.9 % of sampled stacks, for the malloc, aligned
+    and realloc paths, and every free's stack names the site that freed.
+    The wrapper's own frame is rightly missing (it jumped away); the site's
+    can only be found through a frame that ddheap's probe function set up
+    (docs/probes.md, "Stacks")."""
+    w = Workload(workload, ["--rounds=20000", "--seed=20261201"],
+                 {"DD_HEAP_SAMPLING_INTERVAL": "4096"})
+    t = None
+    try:
+        w.wait_line("stacks: pid=")
+        t = Tracer(os.path.join(HERE, "stacks.bt"), [workload], w.pid)
+        t.wait_ready("READY")
+        w.send("go")
+        w.wait_line("stacks: done")
+        out = t.stop()
+        w.send("exit")
+        c.equal(w.finish(), 0, "workload exit code")
+    finally:
+        w.kill()
+        harness.stop_quietly(t)
+
+    maps = harness.parse_maps(out)
+    seen = {path: [0, 0] for path in STACK_PATH_OF_SITE.values()}  # [events, naming the site]
+    stray = {}
+    example_miss = {}
+    for frames, size, count in maps.get("alloc", []):
+        site = STACK_SITE_OF_SIZE.get(int(size))
+        if site is None:
+            stray[int(size)] = stray.get(int(size), 0) + count
+            continue
+        path = STACK_PATH_OF_SITE[site]
+        seen[path][0] += count
+        if site in frame_names(frames):
+            seen[path][1] += count
+        else:
+            example_miss.setdefault(path, frames)
+    c.equal(stray, {}, "alloc events of sizes no site allocates")
+    for path, (events, named) in seen.items():
+        c.check(events >= STACK_MIN_SAMPLES, f"{path}: {events} sampled allocs >= {STACK_MIN_SAMPLES}")
+        share = named / events if events else 0.0
+        c.check(share >= 0.999, f"{path}: {named} of {events} alloc stacks ({100 * share:.2f} %) "
+                                f"name the site, >= 99.9 %"
+                                + (f"; e.g. {' <- '.join(example_miss[path][:5])}"
+                                   if path in example_miss else ""))
+    frees = named = 0
+    miss = None
+    for frames, _, count in maps.get("free", []):
+        frees += count
+        if any(s in frame_names(frames) for s in STACK_FREE_SITES):
+            named += count
+        elif miss is None:
+            miss = frames
+    c.check(frees >= STACK_MIN_SAMPLES, f"free: {frees} sampled frees >= {STACK_MIN_SAMPLES}")
+    share = named / frees if frees else 0.0
+    c.check(share >= 0.999, f"free: {named} of {frees} free stacks ({100 * share:.2f} %) name "
+                            f"site_free or site_realloc, >= 99.9 %"
+                            + (f"; e.g. {' <- '.join(miss[:5])}" if miss else ""))
+
+
+def run_live_script(workload, tools, args, interval, map_keys=None, release=False):
+    """One run of the workload under tools/ddheap-live.bt alone. `map_keys`
+    sets BPFTRACE_MAP_KEYS_MAX for bpftrace (None: bpftrace's default, 4096
+    keys); `release`: the kept blocks are freed before the tracer prints.
+    Returns (truth, the script's output, the process's count of marked
+    blocks when the tracer printed)."""
+    saved = os.environ.pop("BPFTRACE_MAP_KEYS_MAX", None)
+    if map_keys is not None:
+        os.environ["BPFTRACE_MAP_KEYS_MAX"] = str(map_keys)
+    hold = ["--hold=stdin"] if release else []
+    w = Workload(workload, ["--threads=2", "--go", "--linger=stdin"] + hold + args,
+                 {"DD_HEAP_SAMPLING_INTERVAL": str(interval)})
+    t = None
+    try:
+        w.wait_line("workload: pid=")
+        t = Tracer(os.path.join(tools, "ddheap-live.bt"), [workload], w.pid)
+        t.wait_ready("ddheap-live: tracing")
+        w.send("go")
+        if release:
+            w.wait_line("workload: holding")
+            w.send("release")
+        marked = int(w.wait_line("workload: lingering").split("marked=")[1])
+        out = t.stop()
+        w.send("exit")
+        if w.finish() != 0:
+            raise Failure(f"workload failed: {w.stderr.strip()}")
+    finally:
+        w.kill()
+        harness.stop_quietly(t)
+        os.environ.pop("BPFTRACE_MAP_KEYS_MAX", None)
+        if saved is not None:
+            os.environ["BPFTRACE_MAP_KEYS_MAX"] = saved
+    return harness.parse_truth(w.lines), out, marked
+
+
+def test_live_full(c, workload, tools):
+    """More sampled blocks live at once than bpftrace's maps hold (4096 keys
+    by default; R = 1, 4800 blocks kept). A block the script cannot
+    remember must not stay in the live heap for ever: once everything is
+    freed, tools/ddheap-live.bt reports nothing live, and says that its
+    maps were full. With BPFTRACE_MAP_KEYS_MAX raised, the live heap at the
+    end (the kept blocks, every one sampled with weight = size) is exact."""
+    truth, out, marked = run_live_script(workload, tools, ["--rounds=600"], 1, release=True)
+    r = harness.results(out)
+    kept = sum(s["live_count"] for s in truth["site"].values())
+    c.check(kept > 4096, f"blocks kept live at once: {kept} > 4096 (bpftrace's default map size)")
+    c.equal(marked, 0, "marked blocks after freeing everything")
+    c.equal((r["total_live_blocks"], r["total_live_bytes"]), (0, 0),
+            "live blocks and bytes the script reports once everything was freed")
+    c.check("maps were full" in out and r["untracked_blocks"] > 0,
+            f"the script says its maps were full ({r['untracked_blocks']} blocks untracked)")
+
+    truth, out, marked = run_live_script(workload, tools, ["--rounds=600"], 1, map_keys=16384)
+    r = harness.results(out)
+    c.equal(r["total_live_blocks"], marked, "BPFTRACE_MAP_KEYS_MAX=16384: live blocks = marked blocks")
+    c.equal(r["total_live_bytes"], truth["total"]["live_bytes"],
+            "BPFTRACE_MAP_KEYS_MAX=16384: live bytes = the kept bytes")
+    c.check("maps were full" not in out, "BPFTRACE_MAP_KEYS_MAX=16384: no warning")
+
+
+LIVE_SEEDS = [1000 * k for k in range(1, 17)]  # fixed up front; each run draws from seed, seed + 1
+
+
+def test_live_seeds(c, workload, tools):
+    """tools/ddheap-live.bt is unbiased: over 16 short runs with fixed,
+    distinct seeds (R = 64 KiB, ~100 sampled blocks live at the end of
+    each), the mean of the runs' live errors, each in units of its own
+    standard deviation (DESIGN 3), lies within +-0.5. Were the estimate
+    unbiased by chance alone, the mean of 16 such errors would be N(0, 1/16):
+    outside +-0.5 with probability 4.6 % for a given set of seeds, and the
+    seeds are fixed, so the outcome repeats. In every run the script's
+    count of live sampled blocks also equals the process's own count of
+    marked blocks (nothing lost or left over), and no run is off by more
+    than 5 sd."""
+    interval = 65536
+    errors = []
+    for seed in LIVE_SEEDS:
+        truth, out, marked = run_live_script(workload, tools,
+                                             ["--rounds=500", f"--seed={seed}"], interval)
+        r = harness.results(out)
+        c.equal(r["total_live_blocks"], marked, f"seed {seed}: live sampled blocks = marked blocks")
+        live = sum(per_site(harness.parse_maps(out), "live_bytes").values())
+        true = truth["total"]["live_bytes"]
+        sd = math.sqrt(sum(sigma(truth["size"], s, "live_count", interval) ** 2 for s in SITES))
+        errors.append((live - true) / sd)
+        print(f"       seed {seed}: live estimated {live}, true {true}, sd {sd:.0f}, "
+              f"error {errors[-1]:+.2f} sd")
+    c.check(max(abs(e) for e in errors) <= 5, f"largest error {max(errors, key=abs):+.2f} sd, within 5 sd")
+    mean = sum(errors) / len(errors)
+    c.check(abs(mean) <= 0.5, f"mean live error over {len(errors)} seeds {mean:+.2f} sd, within +-0.5 sd "
+                              f"(standard error of the mean {1 / math.sqrt(len(errors)):.2f})")
+
+
 TESTS = {"no_tracer": test_no_tracer, "events": test_events, "exact": test_exact, "sampled": test_sampled,
-         "detach": test_detach}
+         "detach": test_detach, "stacks": test_stacks, "live_full": test_live_full,
+         "live_seeds": test_live_seeds}
 
 
 def main():
