@@ -15,8 +15,9 @@
  *    counts it down.
  *
  * Schemes: mark_header.h (16-byte keyed header before the user pointer,
- * plus mark_table.c for user pointers at a page start; x86-64, and aarch64
- * with -Darm64_marking=header) and mark_tbi.h (aarch64 top-byte tag).
+ * after a 16-byte record of the block's report, plus mark_table.c for user
+ * pointers at a page start; x86-64, and aarch64 with
+ * -Darm64_marking=header) and mark_tbi.h (aarch64 top-byte tag).
  */
 #ifndef DDHEAP_MARK_H
 #define DDHEAP_MARK_H
