@@ -105,6 +105,9 @@ typedef struct dd_realloc_prep {
     uint32_t old_extra;    /* its real size minus its user size */
     uint32_t new_offset;   /* user - raw the new block will get */
     uint32_t flags;        /* 0: neither block needs the cold path (src/realloc.c) */
+    uint64_t old_size;     /* what the old block was reported with: prepare */
+    uint64_t old_weight;   /* reports it freed, commit reports it again if the
+                            * real realloc fails (0: not reported, or not kept) */
 } dd_realloc_prep_t;
 
 /* Sets the mean sampling interval R in bytes for the whole process

@@ -15,8 +15,9 @@
  *    counts it down.
  *
  * Schemes: mark_header.h (16-byte keyed header before the user pointer,
- * plus mark_table.c for user pointers at a page start; x86-64, and aarch64
- * with -Darm64_marking=header) and mark_tbi.h (aarch64 top-byte tag).
+ * after a 16-byte record of the block's report, plus mark_table.c for user
+ * pointers at a page start; x86-64, and aarch64 with
+ * -Darm64_marking=header) and mark_tbi.h (aarch64 top-byte tag).
  */
 #ifndef DDHEAP_MARK_H
 #define DDHEAP_MARK_H
@@ -28,6 +29,10 @@ struct ddheap_mark {
     size_t extra;    /* bytes added to the user's size in the real request */
     uint32_t offset; /* user - raw (in the untagged address space) */
     bool reported;   /* an alloc probe fired for this block */
+    /* What that alloc probe said, where the scheme keeps it (see
+     * ddheap_mark_keep_report below); weight 0 when it does not. */
+    uint64_t size;
+    uint64_t weight;
 };
 
 /* Bytes to add to a request of this alignment (0 = the allocator's
@@ -49,8 +54,19 @@ struct ddheap_mark {
  *         mark_at(raw, extra, extra, reported) when it can be done
  *         quickly, else NULL with nothing written;
  *     int ddheap_unmark_quick(void *user, struct ddheap_mark *out);
- *         1: unmarked, as ddheap_unmark; 0: not marked; -1: take
- *         ddheap_unmark().
+ *         1: unmarked, as ddheap_unmark but size and weight not filled
+ *         in; 0: not marked; -1: take ddheap_unmark().
+ *
+ * What a reported block was reported with, kept beside its mark so that a
+ * realloc that reported the old block freed and then failed can report it
+ * allocated again exactly as before (realloc.c). After a reported block is
+ * marked:
+ *     void ddheap_mark_keep_report(void *user, uint64_t size, uint64_t weight);
+ * and ddheap_unmark() / ddheap_mark_lookup() then hand size and weight
+ * back in the mark. A scheme with no room for them (a pointer tag holds one
+ * bit) defines DDHEAP_MARK_KEEPS_REPORT 0, takes the empty default below
+ * and leaves size and weight as the caller set them: callers that need them
+ * zero the mark first, and read weight 0 as "not kept".
  */
 
 /* Marks the block at `raw` whose user pointer is `offset` bytes in and
@@ -77,14 +93,17 @@ void ddheap_tbi_process_init(bool sampling_enabled);
 
 /* --- mark_table.c: marks for user pointers in the first 16 bytes of a page --- */
 bool ddheap_table_insert(uintptr_t user, uint64_t meta);
-bool ddheap_table_find(uintptr_t user, uint64_t *meta);
-bool ddheap_table_remove(uintptr_t user, uint64_t *meta);
+/* Records the report of the block at `user`, which is in the table. */
+void ddheap_table_keep_report(uintptr_t user, uint64_t size, uint64_t weight);
+/* find: changes nothing; remove: frees the slot. Both fill *out. */
+bool ddheap_table_find(uintptr_t user, struct ddheap_mark *out);
+bool ddheap_table_remove(uintptr_t user, struct ddheap_mark *out);
 
 /* Every scheme counts its marks in the process-wide live_marked (the free
  * path's "nothing is marked" shortcut). */
 static inline void ddheap_count_marked(int delta)
 {
-    __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ddheap_shared_v3.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
 }
 
 /* meta word of a table slot (mark_table.c):
@@ -108,6 +127,8 @@ static inline struct ddheap_mark ddheap_table_meta_decode(uintptr_t user, uint64
     m.extra = (size_t)((meta & ~DDHEAP_TABLE_META_REPORTED) >> 32);
     m.reported = (meta & DDHEAP_TABLE_META_REPORTED) != 0;
     m.raw = (void *)(user - m.offset);
+    m.size = 0;
+    m.weight = 0;
     return m;
 }
 
@@ -123,6 +144,16 @@ bool ddheap_header_words(uintptr_t user, uint32_t offset, size_t extra, bool rep
 #include "mark_tbi.h"
 #else
 #include "mark_header.h"
+#endif
+
+#ifndef DDHEAP_MARK_KEEPS_REPORT
+#define DDHEAP_MARK_KEEPS_REPORT 0
+static inline void ddheap_mark_keep_report(void *user, uint64_t size, uint64_t weight)
+{
+    (void)user;
+    (void)size;
+    (void)weight;
+}
 #endif
 
 #endif /* DDHEAP_MARK_H */

@@ -45,29 +45,29 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
 bool ddheap_mark_lookup(void *ptr, struct ddheap_mark *out)
 {
     uintptr_t user = (uintptr_t)ptr;
-    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v2.live_marked, __ATOMIC_RELAXED) == 0)
+    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v3.live_marked, __ATOMIC_RELAXED) == 0)
         return false;
-    if (ddheap_on_page_start(user)) {
-        uint64_t meta;
-        if (!ddheap_table_find(user, &meta))
-            return false;
-        *out = ddheap_table_meta_decode(user, meta);
-        return true;
-    }
-    return ddheap__header_filter_matches(user) && ddheap_header_read(user, out);
+    if (ddheap_on_page_start(user))
+        return ddheap_table_find(user, out);
+    if (!ddheap__header_filter_matches(user) || !ddheap_header_read(user, out))
+        return false;
+    ddheap_header_recall(user, out);
+    return true;
 }
 
 bool ddheap_unmark(void *ptr, struct ddheap_mark *out)
 {
     uintptr_t user = (uintptr_t)ptr;
-    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v2.live_marked, __ATOMIC_RELAXED) == 0)
+    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v3.live_marked, __ATOMIC_RELAXED) == 0)
         return false;
-    if (!ddheap_on_page_start(user))
-        return ddheap__header_filter_matches(user) && ddheap_unmark_quick(ptr, out) > 0;
-    uint64_t meta;
-    if (!ddheap_table_remove(user, &meta))
+    if (!ddheap_on_page_start(user)) {
+        if (!ddheap__header_filter_matches(user) || ddheap_unmark_quick(ptr, out) <= 0)
+            return false;
+        ddheap_header_recall(user, out); /* the header is zeroed, the record is not */
+        return true;
+    }
+    if (!ddheap_table_remove(user, out))
         return false; /* not in the table, or lost a race with another free of it */
-    *out = ddheap_table_meta_decode(user, meta);
     ddheap_count_marked(-1);
     return true;
 }

@@ -4,13 +4,21 @@
  * function deep on each side (sampler.c; bench/: a call per operation cost
  * about 40 instructions per sampled pair). Included by mark.h only.
  *
- *   raw                      user = raw + step
- *   |  ...slack...  | filter | meta |  user data (size bytes)  |
- *                    <--- 16 bytes -->
+ *   raw                                   user = raw + step
+ *   | ...slack... | size | weight | filter | meta | user data (size bytes) |
+ *                  <-- record ---> <--- header --->
  *
- * step = max(alignment, 16) for alignments below a page, so the request
+ * step = max(alignment, 32) for alignments below a page, so the request
  * grows by step bytes and the user pointer keeps the alignment the real
  * allocator gave raw.
+ *
+ * The record holds what the block's alloc probe reported, for the one
+ * reader that needs it: a realloc that reported the old block freed before
+ * the real realloc and must report it allocated again, exactly as before,
+ * if the real realloc fails (realloc.c). It is read only once the header
+ * has been verified, which proves offset >= 32, so it lies inside the raw
+ * block; it is not keyed (a wrong record can only misreport that one
+ * block) and not erased (without a header it means nothing).
  *
  * The two words, both keyed by the process secret (shared.c) and bound to
  * the block's own address:
@@ -48,14 +56,18 @@ static inline bool ddheap_on_page_start(uintptr_t user)
     return (user & (DDHEAP__PAGE - 1)) < DDHEAP__HEADER;
 }
 
+/* record + header: the smallest step (a multiple of every default
+ * alignment, so it keeps them). */
+#define DDHEAP_HEADER_STEP 32u
+
 static inline size_t ddheap_mark_extra(size_t alignment)
 {
     if (DDHEAP__LIKELY(alignment == 0))
-        return DDHEAP__HEADER; /* the allocator's default */
-    if (alignment <= DDHEAP__HEADER) {
+        return DDHEAP_HEADER_STEP; /* the allocator's default */
+    if (alignment <= DDHEAP_HEADER_STEP) {
         if ((alignment & (alignment - 1)) != 0)
             return SIZE_MAX; /* 3, 5, ...: not a power of two */
-        return DDHEAP__HEADER; /* 1, 2, 4, 8, 16 */
+        return DDHEAP_HEADER_STEP; /* 1, 2, 4, 8, 16, 32 */
     }
     if ((alignment & (alignment - 1)) != 0 || alignment > DDHEAP_MAX_SAMPLED_ALIGNMENT)
         return SIZE_MAX;
@@ -72,12 +84,13 @@ static inline bool ddheap_mark_thread_ready(struct ddheap__thread *t)
 #define DDHEAP_HEADER_FIELD_MASK ((UINT64_C(1) << 17) - 1)
 #define DDHEAP_HEADER_REPORTED (UINT64_C(1) << 16)
 
-/* offset and extra are multiples of 16 below a page (mark_extra and
- * realloc.c make them so); anything else cannot be a header's. */
+/* offset and extra are multiples of 16 below a page, and the offset
+ * leaves room for record and header (mark_extra and realloc.c make them
+ * so); anything else cannot be a header's. */
 static inline bool ddheap_header_fields(uint32_t offset, size_t extra, bool reported,
                                         uint64_t *fields)
 {
-    if (offset < DDHEAP__HEADER || offset % 16 || extra % 16 || extra < offset ||
+    if (offset < DDHEAP_HEADER_STEP || offset % 16 || extra % 16 || extra < offset ||
         extra >= DDHEAP__PAGE)
         return false;
     *fields = (uint64_t)(offset / 16) | (uint64_t)(extra / 16) << 8 |
@@ -99,14 +112,14 @@ static inline uint64_t ddheap_header_tag(uintptr_t user, uint64_t fields, uint64
  * read here with acquire ordering comes with the other two keys. */
 static inline uint64_t ddheap_key_mul_if_ready(void)
 {
-    return __atomic_load_n(&ddheap_shared_v2.key_mul, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&ddheap_shared_v3.key_mul, __ATOMIC_ACQUIRE);
 }
 
 /* The two words of the header of a block at `user` (fields encoded). */
 static inline void ddheap_header_compute(uintptr_t user, uint64_t fields, uint64_t key_mul,
                                          uint64_t words[2])
 {
-    const struct ddheap__shared *sh = &ddheap_shared_v2;
+    const struct ddheap__shared *sh = &ddheap_shared_v3;
     words[0] = (uint64_t)user ^ sh->key_filter;
     words[1] = fields | ddheap_header_tag(user, fields, sh->key_xor, key_mul);
 }
@@ -127,9 +140,10 @@ static inline void *ddheap_mark_fresh(void *raw, size_t extra)
 {
     uintptr_t user = (uintptr_t)raw + extra;
     uint64_t key_mul = ddheap_key_mul_if_ready();
-    /* extra must be a multiple of 16 in [16, 2048], as mark_extra gives */
+    /* extra must be a multiple of 16 in [32, 2064], which covers what
+     * mark_extra gives below a page and fits the 8-bit fields */
     if (DDHEAP__UNLIKELY(key_mul == 0 || ddheap_on_page_start(user) ||
-                         ((extra - 16) & ~(uint64_t)0x7f0) != 0))
+                         ((extra - DDHEAP_HEADER_STEP) & ~(uint64_t)0x7f0) != 0))
         return NULL;
     ddheap_header_write(user, (extra / 16) * 0x101 | DDHEAP_HEADER_REPORTED, key_mul);
     ddheap_count_marked(1);
@@ -153,7 +167,7 @@ static inline bool ddheap_header_read(uintptr_t user, struct ddheap_mark *out)
     __builtin_memcpy(&meta, (const char *)user - DDHEAP__HEADER + 8, sizeof meta);
     uint64_t fields = meta & DDHEAP_HEADER_FIELD_MASK;
     if ((meta & ~DDHEAP_HEADER_FIELD_MASK) !=
-        ddheap_header_tag(user, fields, ddheap_shared_v2.key_xor, key_mul))
+        ddheap_header_tag(user, fields, ddheap_shared_v3.key_xor, key_mul))
         return false;
     out->offset = (uint32_t)(fields << 4) & 0xff0;
     out->extra = (size_t)(fields >> 4) & 0xff0;
@@ -178,6 +192,33 @@ static inline int ddheap_unmark_quick(void *ptr, struct ddheap_mark *out)
     __builtin_memset((char *)user - DDHEAP__HEADER, 0, DDHEAP__HEADER);
     ddheap_count_marked(-1);
     return 1;
+}
+
+/* The record of a reported block (see the top of this file): in the block
+ * before its header, or in its table slot for a page-start pointer. */
+#define DDHEAP_MARK_KEEPS_REPORT 1
+#define DDHEAP_HEADER_RECORD 16u
+
+static inline void ddheap_mark_keep_report(void *ptr, uint64_t size, uint64_t weight)
+{
+    uintptr_t user = (uintptr_t)ptr;
+    if (DDHEAP__UNLIKELY(ddheap_on_page_start(user))) {
+        ddheap_table_keep_report(user, size, weight);
+        return;
+    }
+    uint64_t record[2] = {size, weight};
+    __builtin_memcpy((char *)user - DDHEAP__HEADER - DDHEAP_HEADER_RECORD, record, sizeof record);
+}
+
+/* The record of a block whose header was just verified (offset >= 32). */
+static inline void ddheap_header_recall(uintptr_t user, struct ddheap_mark *out)
+{
+    uint64_t record[2] = {0, 0};
+    if (out->reported)
+        __builtin_memcpy(record, (const char *)user - DDHEAP__HEADER - DDHEAP_HEADER_RECORD,
+                         sizeof record);
+    out->size = record[0];
+    out->weight = record[1];
 }
 
 #endif /* DDHEAP_MARK_HEADER_H */

@@ -1,7 +1,7 @@
 /*
  * The process-wide table of marked blocks whose user pointer sits in the
  * first 16 bytes of a page (see mark_header.c). Lock-free open addressing
- * in ddheap_shared_v2.table, shared by every copy of the library.
+ * in ddheap_shared_v3.table, shared by every copy of the library.
  *
  * A pointer is looked for in a window of WINDOW slots from its hash; an
  * insert that finds its window full goes anywhere in the table and bumps
@@ -38,13 +38,15 @@ static bool claim(struct ddheap__table_slot *s, uintptr_t user, uint64_t meta)
                                      __ATOMIC_RELAXED))
         return false;
     __atomic_store_n(&s->meta, meta, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->size, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->weight, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->user, user, __ATOMIC_RELEASE);
     return true;
 }
 
 bool ddheap_table_insert(uintptr_t user, uint64_t meta)
 {
-    struct ddheap__shared *sh = &ddheap_shared_v2;
+    struct ddheap__shared *sh = &ddheap_shared_v3;
     size_t home = home_slot(user);
     for (size_t i = 0; i < DDHEAP__TABLE_SLOTS; i++) {
         size_t at = (home + i) & (DDHEAP__TABLE_SLOTS - 1);
@@ -61,7 +63,7 @@ bool ddheap_table_insert(uintptr_t user, uint64_t meta)
 
 static struct ddheap__table_slot *find_slot(uintptr_t user)
 {
-    struct ddheap__shared *sh = &ddheap_shared_v2;
+    struct ddheap__shared *sh = &ddheap_shared_v3;
     size_t home = home_slot(user);
     size_t span = __atomic_load_n(&sh->table_overflow, __ATOMIC_RELAXED) ? DDHEAP__TABLE_SLOTS : WINDOW;
     for (size_t i = 0; i < span; i++) {
@@ -72,24 +74,43 @@ static struct ddheap__table_slot *find_slot(uintptr_t user)
     return NULL;
 }
 
-bool ddheap_table_find(uintptr_t user, uint64_t *meta)
+/* Only the block's owner writes its report, after inserting it, and reads
+ * it back when it frees or reallocs the block: plain relaxed accesses. */
+void ddheap_table_keep_report(uintptr_t user, uint64_t size, uint64_t weight)
+{
+    struct ddheap__table_slot *s = find_slot(user);
+    if (!s)
+        return;
+    __atomic_store_n(&s->size, size, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->weight, weight, __ATOMIC_RELAXED);
+}
+
+static struct ddheap_mark decode_slot(uintptr_t user, const struct ddheap__table_slot *s)
+{
+    struct ddheap_mark m = ddheap_table_meta_decode(user, __atomic_load_n(&s->meta, __ATOMIC_RELAXED));
+    m.size = __atomic_load_n(&s->size, __ATOMIC_RELAXED);
+    m.weight = __atomic_load_n(&s->weight, __ATOMIC_RELAXED);
+    return m;
+}
+
+bool ddheap_table_find(uintptr_t user, struct ddheap_mark *out)
 {
     struct ddheap__table_slot *s = find_slot(user);
     if (!s)
         return false;
-    *meta = __atomic_load_n(&s->meta, __ATOMIC_RELAXED);
+    *out = decode_slot(user, s);
     return true;
 }
 
-bool ddheap_table_remove(uintptr_t user, uint64_t *meta)
+bool ddheap_table_remove(uintptr_t user, struct ddheap_mark *out)
 {
-    struct ddheap__shared *sh = &ddheap_shared_v2;
+    struct ddheap__shared *sh = &ddheap_shared_v3;
     struct ddheap__table_slot *s = find_slot(user);
     uintptr_t expected = user;
     if (!s || !__atomic_compare_exchange_n(&s->user, &expected, BUSY, false, __ATOMIC_ACQUIRE,
                                            __ATOMIC_RELAXED))
         return false;
-    *meta = __atomic_load_n(&s->meta, __ATOMIC_RELAXED);
+    *out = decode_slot(user, s);
     __atomic_store_n(&s->meta, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&s->user, 0, __ATOMIC_RELEASE);
     if (distance(home_slot(user), (size_t)(s - sh->table)) >= WINDOW)

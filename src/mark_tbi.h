@@ -66,6 +66,8 @@ static inline bool ddheap_tbi_lookup(void *user, struct ddheap_mark *out)
     out->extra = 0;
     out->offset = 0;
     out->reported = true;
+    out->size = 0; /* no room to keep them: DDHEAP_MARK_KEEPS_REPORT 0 */
+    out->weight = 0;
     return true;
 }
 

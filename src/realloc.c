@@ -5,13 +5,31 @@
  * realloc in two halves around the caller's real realloc (docs/realloc.md).
  *
  * The returned block is a new allocation of new_size for sampling (the
- * countdown advances by new_size), whatever the old block was. The old
- * block, if reported, is reported freed once the real realloc succeeded.
+ * countdown advances by new_size), whatever the old block was.
+ *
+ * Order of the reports. Prepare removes the old block's mark and reports
+ * it freed before the real realloc runs: once that realloc has freed the
+ * old block, any thread may be handed its address and report it allocated,
+ * and a consumer keyed by address must already have seen the free. (When
+ * free(old) came in commit, another thread's alloc(old) could come first,
+ * and the late free then erased the newer block: docs/realloc.md.) If the
+ * real realloc fails, the old block was never freed, so nobody else can
+ * have its address: commit restores the mark and reports the block
+ * allocated again with the size and weight it was first reported with,
+ * which the marking scheme keeps beside the mark (mark.h,
+ * ddheap_mark_keep_report), then realloc(old, 0, ...) to say the realloc
+ * failed. A scheme that keeps no report (pointer tags) cannot report it
+ * again; the block then stays marked and its later free is reported a
+ * second time, a free without an alloc (docs/realloc.md says why).
+ *
+ * No reentry guard is held between prepare and commit: with free(old)
+ * reported first, a signal handler that allocates in between (and may be
+ * handed the old address) reports its block after that free, in order.
  *
  * Layout. The real realloc copies the raw block from its start, so the
  * user's bytes keep their offset from raw. When the new block's user
  * pointer must sit at another offset (unmarked -> marked, or an old block
- * aligned beyond 16 bytes), commit moves new_size bytes inside the new raw
+ * aligned beyond 32 bytes), commit moves new_size bytes inside the new raw
  * block; the request is made large enough, new_size + max(old, new
  * offset), that both source and destination lie inside it. Moved bytes
  * past the old block's end are indeterminate, as realloc allows.
@@ -24,17 +42,7 @@
  *
  * The old mark is removed in prepare, before the real realloc can free or
  * copy the old block: a stale header left in freed memory could later be
- * taken for a live one. If the real realloc fails, commit restores it, so
- * the old block is exactly as before.
- *
- * free(old) can only be reported in commit (a failed realloc reports
- * nothing), so between the real realloc and commit the old address is free
- * but not yet reported free. A signal handler on this thread that
- * allocates in that window could be handed the same address and report it
- * allocated first. While a reported block is in flight, prepare therefore
- * holds the thread's reentry guard until commit: allocations made in the
- * window on this thread pass through unsampled, as inside the cold path.
- * Other threads are not held (docs/realloc.md, "Known limit").
+ * taken for a live one.
  */
 #include "internal.h"
 #include "mark.h"
@@ -43,10 +51,9 @@
 
 enum {
     OLD_MARKED = 1u << 0,
-    OLD_REPORTED = 1u << 1,
+    OLD_REPORTED = 1u << 1, /* and reported freed by prepare */
     NEW_MARKED = 1u << 2,
     IS_FREE = 1u << 3, /* new_size 0 on a live block: glibc's realloc(p, 0) frees */
-    HOLDS_GUARD = 1u << 4, /* this thread's reentry guard is held until commit */
 };
 
 /* memmove, ours: the cold path calls no lazily bound libc function. */
@@ -91,7 +98,7 @@ static bool old_block_mark(void *old_user, struct ddheap_mark *m)
 dd_realloc_prep_t ddheap__realloc_prepare(void *old_user, size_t new_size)
 {
     dd_realloc_prep_t prep = {0};
-    struct ddheap_mark old;
+    struct ddheap_mark old = {0}; /* size, weight: 0 unless the scheme kept them */
     int saved_errno = errno;
 
     prep.new_size = new_size;
@@ -101,23 +108,25 @@ dd_realloc_prep_t ddheap__realloc_prepare(void *old_user, size_t new_size)
         prep.raw_ptr = old.raw;
         prep.old_offset = old.offset;
         prep.old_extra = (uint32_t)old.extra;
+        if (old.reported) {
+            prep.old_size = old.size;
+            prep.old_weight = old.weight;
+        }
     }
+    /* Before the real realloc can free the old block and anyone can be
+     * handed its address (the top of this file). */
+    if (prep.flags & OLD_REPORTED)
+        ddheap_fire_free((uintptr_t)old_user, NULL, 0);
 
     if (old_user && new_size == 0) {
         prep.flags |= IS_FREE;
         prep.raw_size = 0;
-        if (prep.flags & OLD_REPORTED) /* before the memory can be reused */
-            ddheap_fire_free((uintptr_t)old_user, NULL, 0);
         errno = saved_errno;
         return prep;
     }
 
     dd_alloc_req_t req = dd_allocation_requested(new_size, 0);
     prep.weight = req.weight;
-    if (prep.flags & OLD_REPORTED) { /* after the sampling decision, which needs the guard free */
-        ddheap__thread_state.busy++;
-        prep.flags |= HOLDS_GUARD;
-    }
     prep.raw_size = new_size;
 #if DDHEAP_LIVE_HEAP
     bool old_mark_carries_bytes = (prep.flags & OLD_MARKED) && (prep.old_offset || prep.old_extra);
@@ -134,18 +143,23 @@ dd_realloc_prep_t ddheap__realloc_prepare(void *old_user, size_t new_size)
     return prep;
 }
 
-static void release_guard(const dd_realloc_prep_t *prep)
+/* The real realloc failed: the old block is as it was, so is its mark, and
+ * it is reported allocated again as it was first reported, when the scheme
+ * kept that (prepare reported it freed). Then the realloc probe, new_ptr 0,
+ * says the realloc failed. */
+static void restore_old_block(void *old_user, const dd_realloc_prep_t *prep)
 {
-    if (prep->flags & HOLDS_GUARD)
-        ddheap__thread_state.busy--;
-}
-
-/* The real realloc failed: the old block is as it was, so is its mark. */
-static void restore_old_mark(const dd_realloc_prep_t *prep)
-{
-    if (prep->flags & OLD_MARKED)
-        ddheap_mark_at(prep->raw_ptr, prep->old_offset, prep->old_extra,
-                       (prep->flags & OLD_REPORTED) != 0);
+    if (!(prep->flags & OLD_MARKED))
+        return;
+    bool reported = (prep->flags & OLD_REPORTED) != 0;
+    void *user = ddheap_mark_at(prep->raw_ptr, prep->old_offset, prep->old_extra, reported);
+    if (!reported)
+        return;
+    if (user != NULL && prep->old_weight != 0) {
+        ddheap_mark_keep_report(user, prep->old_size, prep->old_weight);
+        ddheap_fire_alloc((uintptr_t)old_user, prep->old_size, prep->old_weight);
+    }
+    ddheap_fire_realloc((uintptr_t)old_user, 0, prep->new_size, 0);
 }
 
 void *ddheap__realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t prep)
@@ -156,15 +170,10 @@ void *ddheap__realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t pr
     if (prep.flags & IS_FREE) /* already reported; an allocator may return a fresh minimum block */
         return new_raw;
     if (new_raw == NULL) {
-        restore_old_mark(&prep);
-        release_guard(&prep);
+        restore_old_block(old_user, &prep);
         errno = saved_errno;
         return NULL;
     }
-
-    if (prep.flags & OLD_REPORTED)
-        ddheap_fire_free((uintptr_t)old_user, NULL, 0);
-    release_guard(&prep); /* only now is the old address reported free */
 
     if (prep.flags & NEW_MARKED) {
         unsigned char *raw = new_raw;
@@ -177,6 +186,8 @@ void *ddheap__realloc_commit(void *old_user, void *new_raw, dd_realloc_prep_t pr
             move_bytes(raw, raw + prep.new_offset, prep.new_size);
             new_user = new_raw;
             prep.weight = 0;
+        } else if (prep.weight) {
+            ddheap_mark_keep_report(new_user, prep.new_size, prep.weight);
         }
     }
     if (prep.weight)

@@ -293,6 +293,7 @@ __attribute__((noinline)) static void *created_the_long_way(void *raw, size_t us
          * block then lives on unsampled with its slack unused. */
         return raw;
     }
+    ddheap_mark_keep_report(user, user_size, weight);
     return ddheap_fire_alloc((uintptr_t)user, user_size, weight);
 }
 #endif
@@ -308,6 +309,7 @@ void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight, size_
     void *user = ddheap_mark_fresh(raw, extra);
     if (DDHEAP__UNLIKELY(user == NULL))
         return created_the_long_way(raw, user_size, weight, extra);
+    ddheap_mark_keep_report(user, user_size, weight); /* for a realloc that fails */
 #else
     void *user = raw;
     (void)extra;

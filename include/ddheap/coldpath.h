@@ -32,8 +32,7 @@ struct ddheap__thread {
     uint64_t mean;      /* the interval R this countdown was drawn with */
     uint64_t rng;       /* generator state; 0 until initialised */
     uint32_t epoch;     /* interval setting this thread last adopted */
-    uint16_t busy;      /* reentry guard: non-zero inside the cold path, or
-                         * between a realloc's prepare and commit */
+    uint16_t busy;      /* reentry guard: non-zero inside the cold path */
     uint8_t tagging;    /* aarch64 TBI: enum ddheap__tagging in src/ */
     uint8_t unused;
 };
@@ -64,15 +63,17 @@ extern uint32_t ddheap__tracer_gate DDHEAP__HIDDEN;
  * of ddheap are linked in (an executable and its shared libraries each may
  * carry one): the symbol is STB_GNU_UNIQUE, so the dynamic linker binds
  * every copy to the same object. A block sampled by one copy is recognised
- * and released by any other. The `_v1` suffix is the layout version. */
+ * and released by any other. The `_v3` suffix is the layout version. */
 #define DDHEAP__PAGE 4096u
 #define DDHEAP__HEADER 16u
 #define DDHEAP__TABLE_SLOTS 16384u
 #define DDHEAP__FREE_GATES 64u
 
 struct ddheap__table_slot {
-    uintptr_t user; /* 0: free slot */
-    uint64_t meta;  /* same encoding as a header's meta word */
+    uintptr_t user;  /* 0: free slot */
+    uint64_t meta;   /* offset, extra, reported (src/mark.h) */
+    uint64_t size;   /* what the block's alloc probe reported (src/realloc.c */
+    uint64_t weight; /* reports it again if a realloc fails); 0: nothing */
 };
 
 struct ddheap__shared {
@@ -107,11 +108,11 @@ struct ddheap__shared {
     uintptr_t free_gates[DDHEAP__FREE_GATES];
 };
 
-extern struct ddheap__shared ddheap_shared_v2 __attribute__((visibility("default")));
+extern struct ddheap__shared ddheap_shared_v3 __attribute__((visibility("default")));
 
 /* The free path's first test in a shared library (header scheme). There,
  * reading live_marked takes two instructions and a branch: the address of
- * ddheap_shared_v2 comes from the GOT. This per-copy byte is read
+ * ddheap_shared_v3 comes from the GOT. This per-copy byte is read
  * RIP-relative, in one compare: 0 means no block has ever been marked in
  * the process (and none can be without this byte changing first); 1, the
  * initial value, means "not known yet" (the copy's constructor has not run,

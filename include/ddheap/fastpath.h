@@ -114,7 +114,7 @@ static inline int ddheap__header_filter_matches(uintptr_t user)
      * whatever the bytes are), so the key's address is not shared with the
      * live_marked test and that test stays one instruction on every free. */
     typedef uint64_t __attribute__((may_alias)) any_word;
-    uint64_t expected = ddheap_shared_v2.key_filter ^ (uint64_t)user;
+    uint64_t expected = ddheap_shared_v3.key_filter ^ (uint64_t)user;
     __asm__ goto("cmpq %1, %0\n\tjne %l[differs]"
                  :
                  : "m"(*(const any_word *)(user - DDHEAP__HEADER)), "r"(expected)
@@ -126,7 +126,7 @@ differs:
 #else
     uint64_t word;
     __builtin_memcpy(&word, (const char *)user - DDHEAP__HEADER, sizeof word);
-    return (word ^ (uint64_t)user) == ddheap_shared_v2.key_filter;
+    return (word ^ (uint64_t)user) == ddheap_shared_v3.key_filter;
 #endif
 }
 
@@ -216,14 +216,14 @@ static inline int ddheap__may_be_marked(void *ptr)
     if (DDHEAP__LIKELY(!ddheap__nonzero8(&ddheap__free_gate)))
         return 0;
 #endif
-    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v2.live_marked)))
+    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v3.live_marked)))
         return 0;
     uintptr_t user = (uintptr_t)ptr;
     /* Page rule: a marked block never has a header-marked user pointer in
      * the first 16 bytes of a page; those are looked up instead. */
     if ((user & (DDHEAP__PAGE - 1)) >= DDHEAP__HEADER)
         return ddheap__header_filter_matches(user);
-    return ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v2.table_live) != 0;
+    return ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v3.table_live) != 0;
 #endif
 }
 
@@ -249,14 +249,15 @@ static inline dd_alloc_freed_t dd_allocation_freed(void *ptr, size_t size, size_
  *     return dd_allocation_realloc_commit(ptr, raw, prep);
  *
  * realloc(NULL, n) allocates n; size 0 on a live block frees it (glibc's
- * realloc(p, 0)), and prepare reports that free. Unless the old block is
+ * realloc(p, 0)). Prepare reports a reported old block freed, before the
+ * real realloc; commit reports it again if the real realloc fails. Unless the old block is
  * marked or the new one is sampled, both halves stay inline: the same
  * checks as an allocation and a free.
  */
 static inline dd_realloc_prep_t dd_allocation_realloc_prepare(void *old_user, size_t new_size)
 {
     if (DDHEAP__LIKELY(!ddheap__may_be_marked(old_user))) {
-        dd_realloc_prep_t prep = {old_user, new_size, new_size, 0, 0, 0, 0, 0};
+        dd_realloc_prep_t prep = {old_user, new_size, new_size, 0, 0, 0, 0, 0, 0, 0};
         if (DDHEAP__LIKELY(!ddheap__nonzero32(&ddheap__tracer_gate)))
             return prep; /* nothing to sample, nothing to unmark */
         /* the new block counts as an allocation of new_size */

@@ -2,10 +2,32 @@
 # Builds a program against ddheap the two ways a user would: from an
 # installation through pkg-config, and as a meson subproject with
 # dependency('ddheap') falling back to it. Both must build and sample.
-# Usage: check_consumers.sh SOURCE_ROOT BUILD_DIR_OF_DDHEAP
+# The installation must also hold the tools the README runs, and they must
+# run from there.
+#
+# The consumer is built with the build's C compiler and sanitizer
+# (CONSUMER_CC, CONSUMER_SANITIZE, CONSUMER_LUNDEF, set by meson from
+# cc.cmd_array(), b_sanitize and b_lundef): a sanitized libddheap.a links
+# only into a program built with the same runtime.
+#
+# Usage: check_consumers.sh [--bpftrace] SOURCE_ROOT BUILD_DIR_OF_DDHEAP
+#   --bpftrace  (suite 'tracer', root) only the installation, and every
+#               installed bpftrace script parsed and compiled against the
+#               installed consumer by `bpftrace -d` (a dry run: nothing is
+#               attached). Fails, never skips, without root or bpftrace.
 set -euo pipefail
+with_bpftrace=0
+if [ "${1:-}" = --bpftrace ]; then with_bpftrace=1; shift; fi
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
+read -r -a cc <<<"${CONSUMER_CC:-cc}"
+sanitize=${CONSUMER_SANITIZE:-none}
+lundef=${CONSUMER_LUNDEF:-true}
+san_flags=()
+if [ "$sanitize" != none ]; then
+  san_flags=("-fsanitize=$sanitize")
+  echo "note   consumers built with ${cc[*]} -fsanitize=$sanitize, as the library"
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
@@ -17,13 +39,75 @@ meson install -C "$build" --destdir "$work/root" --no-rebuild >/dev/null
 pcdir=$(dirname "$(find "$work/root" -name ddheap.pc | head -1)")
 export PKG_CONFIG_SYSROOT_DIR="$work/root" PKG_CONFIG_PATH="$pcdir"
 rc=0
-cc -std=c11 $(pkg-config --cflags ddheap) "$src/tests/consumer/consumer.c" -o "$work/consumer-pc" \
-   $(pkg-config --libs ddheap) && "$work/consumer-pc" || rc=$?
+# shellcheck disable=SC2046
+"${cc[@]}" -std=c11 "${san_flags[@]}" $(pkg-config --cflags ddheap) "$src/tests/consumer/consumer.c" \
+   -o "$work/consumer-pc" $(pkg-config --libs ddheap) && "$work/consumer-pc" || rc=$?
 result $rc "installed headers + libddheap.a + ddheap.pc (prefix $prefix)"
 for h in ddheap.h ddheap/fastpath.h ddheap/coldpath.h ddheap/testing.h ddheap/config.h; do
   test -f "$work/root$prefix/include/$h"; result $? "installed include/$h"
 done
 unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
+
+# The tools, where tools/meson.build puts them, executable, with their
+# interpreter line.
+option() {
+  meson introspect --buildoptions "$build" |
+    python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]==sys.argv[1]))' "$1"
+}
+under() { case $1 in /*) echo "$work/root$1" ;; *) echo "$work/root$prefix/$1" ;; esac; }
+sbin=$(under "$(option sbindir)") bin=$(under "$(option bindir)")
+for t in "$sbin/ddheap-live.bt" "$sbin/ddheap-alloc.bt" "$sbin/ddheap-events.bt" "$bin/ddheap-fold"; do
+  want='#!/usr/bin/env bpftrace'
+  case $t in *fold) want='#!/usr/bin/awk -f' ;; esac
+  test -x "$t" && [ "$(head -1 "$t")" = "$want" ]
+  result $? "installed ${t#"$work/root"}, executable, $want"
+done
+
+if [ $with_bpftrace = 1 ]; then
+  if [ "$(id -u)" != 0 ] || ! command -v bpftrace >/dev/null; then
+    echo "FAILED --bpftrace needs root and bpftrace (the tracer suite runs as root in CI)"
+    exit 1
+  fi
+  for t in "$sbin/ddheap-live.bt" "$sbin/ddheap-alloc.bt" "$sbin/ddheap-events.bt"; do
+    rc=0
+    bpftrace -d "$t" "$work/consumer-pc" >"$work/dry.txt" 2>&1 || rc=$?
+    [ $rc = 0 ] || tail -5 "$work/dry.txt"
+    result $rc "bpftrace -d ${t#"$work/root"} against the installed consumer (parsed, compiled, probes found)"
+  done
+  echo "$passed passed, $failed failed"
+  [ "$failed" = 0 ]
+  exit
+fi
+
+# The installed ddheap-fold on a saved table, as ddheap-live.bt prints it:
+# the same stack from two threads, frames leaf first, ddheap's own frames
+# on top. Its header comment promises one line per stack, root first,
+# offsets and ddheap frames dropped, the threads' values summed.
+cat >"$work/saved.txt" <<'SAVED'
+@live_bytes[
+    ddheap_fire_alloc+3
+    dd_allocation_created+20
+    site_a+12
+    main+40
+    __libc_start_call_main+122
+]: 100
+@live_bytes[
+    ddheap_fire_alloc+3
+    dd_allocation_created+20
+    site_a+12
+    main+40
+    __libc_start_call_main+122
+]: 200
+@live_bytes[
+    site_b+8
+    main+52
+]: 7
+SAVED
+rc=0
+folded=$("$bin/ddheap-fold" <"$work/saved.txt") || rc=$?
+[ $rc = 0 ] && [ "$folded" = "$(printf '%s\n' '__libc_start_call_main;main;site_a 300' 'main;site_b 7')" ] || rc=1
+[ $rc = 0 ] || printf 'got:\n%s\n' "$folded"
+result $rc "installed ddheap-fold folds a saved table"
 
 # 2. As a subproject (a copy of the tracked sources, no build dirs).
 mkdir -p "$work/proj/subprojects/ddheap"
@@ -31,7 +115,8 @@ cp -r "$src/tests/consumer/"{meson.build,consumer.c} "$work/proj/"
 (cd "$src" && git ls-files -z 2>/dev/null || find . -path ./build\* -prune -o -type f -print0) |
   (cd "$src" && xargs -0 cp --parents -t "$work/proj/subprojects/ddheap")
 rc=0
-(meson setup "$work/proj/build" "$work/proj" -Dddheap:tests=false -Dddheap:bench=false -Dddheap:examples=false >/dev/null &&
+(CC="${cc[*]}" meson setup "$work/proj/build" "$work/proj" -Db_sanitize="$sanitize" -Db_lundef="$lundef" \
+   -Dddheap:tests=false -Dddheap:bench=false -Dddheap:examples=false >/dev/null &&
  meson compile -C "$work/proj/build" >/dev/null && "$work/proj/build/consumer") || rc=$?
 result $rc "meson subproject with dependency('ddheap') fallback"
 

@@ -50,7 +50,7 @@
 
 /* Size classes of 8-byte granularity (ASan's shadow granule), including
  * sizes that are not multiples of 16, so objects start at every 8-byte
- * offset of a page; the enlarged requests of sampled blocks (+16) land in
+ * offset of a page; the enlarged requests of sampled blocks (+32) land in
  * the class above. */
 #define CLASSES 8
 #define REGION (64u * 1024u)
@@ -151,7 +151,7 @@ static void count_hook(const dd_probe_event_t *ev, void *ctx)
 }
 
 /* The slab object behind a block: the user pointer minus the bytes the
- * marking added in front (16 for the header scheme, 0 for a pointer tag,
+ * marking added in front (32 for the header scheme, 0 for a pointer tag,
  * whose top byte is dropped). */
 static void *w_alloc(size_t size, int *sampled, unsigned char **raw)
 {
@@ -207,7 +207,7 @@ static void test_packed_neighbours(void **state)
     for (; ops < 60000; ops++) {
         struct obj *o = &objs[next_random() % SLOTS];
         if (o->p == NULL) {
-            o->size = 1 + next_random() % 112;
+            o->size = 1 + next_random() % 104; /* + 32 fits the largest class */
             o->p = w_alloc(o->size, &o->sampled, &o->raw);
             assert_non_null(o->p);
             o->seed = (unsigned char)next_random();

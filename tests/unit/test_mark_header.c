@@ -42,7 +42,7 @@ static void check_one(size_t alignment, size_t raw_offset, bool sized, size_t *i
     memset(user, 0x5a, size);
     if ((u & 4095) < DDHEAP__HEADER) {
         (*in_table)++; /* page rule: no header here, the table knows it */
-        assert_true(ddheap_shared_v2.table_live > 0);
+        assert_true(ddheap_shared_v3.table_live > 0);
     } else {
         assert_false(header_is_zero(user));
     }
@@ -73,7 +73,7 @@ static void test_header_invariants_every_alignment_and_offset(void **state)
     assert_int_equal(rec.frees, cases);
     assert_int_equal(fake.live, 0);
     assert_int_equal(ddheap_test_live_marked(), 0);
-    assert_int_equal(ddheap_shared_v2.table_live, 0);
+    assert_int_equal(ddheap_shared_v3.table_live, 0);
     tracer_off();
 }
 
@@ -185,7 +185,7 @@ static void test_forged_headers_refused(void **state)
     /* The genuine words for the victim's address pass the filter (so the
      * refusals above were the tag's doing, not the filter's). */
     uint64_t genuine[2];
-    assert_true(ddheap_header_words((uintptr_t)s.victim, 16, 16, true, genuine));
+    assert_true(ddheap_header_words((uintptr_t)s.victim, 32, 32, true, genuine));
     assert_int_equal(genuine[0], filter);
     forge_end(&s);
 }
@@ -220,7 +220,7 @@ static void test_freed_header_stays_dead(void **state)
     char *raw = storage + 32;
     dd_alloc_req_t req = dd_allocation_requested(50, 0);
     char *user = dd_allocation_created(raw, req);
-    assert_ptr_equal(user, raw + 16);
+    assert_ptr_equal(user, raw + 32); /* record and header */
     dd_alloc_freed_t f = dd_allocation_freed(user, 0, 0);
     assert_ptr_equal(f.ptr, raw);
     /* "reuse": an unsampled block handed out at `user` by some allocator */
