@@ -252,9 +252,9 @@ static inline int ddheap_unmark_quick(void *user, struct ddheap_mark *out)
 void ddheap_shadow_process_init(void);
 
 /* Metadata the scheme holds: bytes of tables mapped (*mapped, may be NULL)
- * and bytes of tables and summary resident in memory (the return value:
- * pages the process wrote, from /proc/self/pagemap; 0 if it cannot be
- * read). For tests and benchmarks. */
+ * and bytes of tables and summary in memory (the return value: pages the
+ * process wrote, from /proc/self/pagemap; where that says nothing, pages
+ * resident per mincore(2), an upper bound). For tests and benchmarks. */
 size_t ddheap_shadow_metadata_bytes(size_t *mapped);
 /* Number of tables mapped so far. */
 unsigned ddheap_shadow_levels_mapped(void);
