@@ -7,7 +7,7 @@
 
 #include <errno.h>
 
-#if !DDHEAP_MARK_TBI
+#if DDHEAP_MARK_HEADER
 
 bool ddheap_header_words(uintptr_t user, uint32_t offset, size_t extra, bool reported,
                          uint64_t words[2])
@@ -84,4 +84,4 @@ void ddheap_test_fail_tagging(bool fail)
     (void)fail;
 }
 
-#endif /* !DDHEAP_MARK_TBI */
+#endif /* DDHEAP_MARK_HEADER */

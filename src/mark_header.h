@@ -1,5 +1,5 @@
 /*
- * Header marking (x86-64; aarch64 with -Darm64_marking=header): the
+ * Header marking (x86-64; aarch64 with -Dmarking=header): the
  * scheme's operations, inline, so that a sampled pair's cold path is one
  * function deep on each side (sampler.c; bench/: a call per operation cost
  * about 40 instructions per sampled pair). Included by mark.h only.

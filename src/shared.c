@@ -22,7 +22,7 @@
 #include <string.h>
 #include <sys/auxv.h>
 
-#define DDHEAP_SHARED_SIZE 524992 /* sizeof(struct ddheap__shared) */
+#define DDHEAP_SHARED_SIZE 1573696 /* sizeof(struct ddheap__shared) */
 #define DDHEAP_STR2(x) #x
 #define DDHEAP_STR(x) DDHEAP_STR2(x)
 
@@ -243,5 +243,9 @@ void ddheap_ensure_keys(void)
 
 uint64_t ddheap_test_live_marked(void)
 {
+#if DDHEAP_MARK_SHADOW
+    return __atomic_load_n(&ddheap_shared_v3.shadow_live, __ATOMIC_RELAXED);
+#else
     return __atomic_load_n(&ddheap_shared_v3.live_marked, __ATOMIC_RELAXED);
+#endif
 }

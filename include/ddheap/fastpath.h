@@ -10,7 +10,8 @@
  *                           this copy's free gate), one branch
  *   freed, something live:  + the page test and the keyed filter on the
  *                           header's first word (header scheme) / one
- *                           compare (aarch64 TBI)
+ *                           compare (aarch64 TBI) / a shift and a test of
+ *                           one summary byte (shadow scheme)
  *   realloc prepare/commit: the tests of an allocation and of a free, unless
  *                           the old block is marked or the new one sampled
  *
@@ -199,8 +200,8 @@ static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
 }
 
 /* Whether `ptr` may be a marked block, i.e. whether its free or realloc
- * must go through the cold path. Exact for pointer tags; for headers a
- * match is verified there. With nothing marked in the process: one
+ * must go through the cold path. Exact for pointer tags; for headers and
+ * the shadow summary a match is verified there. With nothing marked in the process: one
  * compare and one branch. */
 static inline int ddheap__may_be_marked(void *ptr)
 {
@@ -209,6 +210,25 @@ static inline int ddheap__may_be_marked(void *ptr)
     return 0;
 #elif DDHEAP_MARK_TBI
     return ((uintptr_t)ptr >> 56) == DDHEAP__TAG;
+#elif DDHEAP_MARK_SHADOW
+#if defined(__PIC__) && !defined(__PIE__)
+    if (DDHEAP__LIKELY(!ddheap__nonzero8(&ddheap__free_gate)))
+        return 0;
+#endif
+    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v3.shadow_live)))
+        return 0;
+    /* The summary: a zero counter for the address's bits 12..31 means no
+     * bit is set for any address there (src/mark_shadow.h). The 32-bit
+     * shift is the mask. Reads only ddheap's own memory. In an executable
+     * the summary's address is hidden from the optimiser: GCC would
+     * otherwise compute the shared object's address once for both tests,
+     * and the first one, paid by every free, would take two instructions
+     * instead of one. (In a shared library both come from one GOT load.) */
+    const uint8_t *summary = ddheap_shared_v3.shadow_summary;
+#if !(defined(__PIC__) && !defined(__PIE__))
+    __asm__("" : "+r"(summary));
+#endif
+    return ddheap__nonzero8(&summary[(uint32_t)(uintptr_t)ptr >> 12]);
 #else
 #if defined(__PIC__) && !defined(__PIE__)
     /* A shared library: this copy's own gate first (coldpath.h), one

@@ -1,5 +1,6 @@
-# Native (x86-64) build in the default (debug) and release build types:
-# the whole meson test suite, tracer tests included (they need root). Then
+# Native (x86-64) build in the default (debug) and release build types,
+# for the default marking scheme and for shadow marking: the whole meson
+# test suite, tracer tests included (they need root). Then
 # the non-default build options, against the tests that state their
 # behaviour (suite 'options').
 set -euo pipefail
@@ -14,6 +15,12 @@ setup() { # dir, options...
 for buildtype in debug release; do
   dir=build-ci/native-$buildtype
   setup "$dir" -Dbuildtype=$buildtype
+  meson test -C "$dir" --print-errorlogs --num-processes 2
+done
+# Shadow marking (-Dmarking=shadow), the whole suite again, tracer included.
+for buildtype in debug release; do
+  dir=build-ci/native-shadow-$buildtype
+  setup "$dir" -Dbuildtype=$buildtype -Dmarking=shadow
   meson test -C "$dir" --print-errorlogs --num-processes 2
 done
 dir=build-ci/native-nolive-otel
