@@ -67,6 +67,8 @@ def main():
     check(not bad, "every global symbol is prefixed dd_/ddheap_" + (f" (not: {', '.join(sorted(set(bad)))})" if bad else ""))
     unique = [l for l in symbols.splitlines() if l.endswith(" ddheap_shared_v2")]
     check(any(" u " in l for l in unique), "ddheap_shared_v2 is a GNU unique symbol")
+    unique = [l for l in symbols.splitlines() if l.endswith(" ddheap_rate_v1")]
+    check(any(" u " in l for l in unique), "ddheap_rate_v1 is a GNU unique symbol")
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
