@@ -39,7 +39,6 @@ double rs_block_variance(double size, double mean)
 
 struct worker {
     struct rs_run *run;
-    int *current_step; /* shared, written by the coordinator */
     struct rs_totals step[RS_MAX_STEPS];
     unsigned char *buffer;
     pthread_t tid;
@@ -83,6 +82,21 @@ static void one_block(struct worker *w, struct rs_totals *acc, struct segment *s
         abort(); /* the hooks handed back another block: nothing below would mean anything */
 }
 
+/* The shared phase: 2 s while step s runs, 2 s + 1 in the pause after it.
+ * Workers look at it before every block, so no block of one step is made
+ * after the coordinator has ended it. */
+static int phase;
+static int parked;
+
+static void wait_while_paused(int paused_phase)
+{
+    __atomic_add_fetch(&parked, 1, __ATOMIC_ACQ_REL);
+    while (__atomic_load_n(&phase, __ATOMIC_ACQUIRE) == paused_phase) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
@@ -91,9 +105,13 @@ static void *worker_main(void *arg)
     int step = -1;
     uint64_t due = 0, measured_from = 0;
     double per_thread = 0;
-    /* The first block initialises the thread; from then on its mean is known. */
     for (;;) {
-        int now_step = __atomic_load_n(w->current_step, __ATOMIC_ACQUIRE);
+        int now_phase = __atomic_load_n(&phase, __ATOMIC_ACQUIRE);
+        if (now_phase & 1) {
+            wait_while_paused(now_phase);
+            continue;
+        }
+        int now_step = now_phase / 2;
         if (now_step >= run->nsteps)
             break;
         if (now_step != step) {
@@ -121,13 +139,16 @@ static void *worker_main(void *arg)
         uint64_t now = rs_now_ns();
         int measured = now >= measured_from;
         struct rs_totals *acc = &w->step[step];
-        for (long i = 0; i < chunk; i++)
+        long made = 0;
+        while (made < chunk && __atomic_load_n(&phase, __ATOMIC_RELAXED) == now_phase) {
             one_block(w, acc, &seg, measured);
-        due += (uint64_t)((double)chunk / per_thread * 1e9);
+            made++;
+        }
+        due += (uint64_t)((double)made / per_thread * 1e9);
         now = rs_now_ns();
-        if (due > now)
+        if (due > now && made == chunk)
             sleep_until(due);
-        else if (now - due > UINT64_C(2000000))
+        else if (now > due && now - due > UINT64_C(2000000))
             due = now; /* behind by more than 2 ms: drop the debt, never burst */
     }
     if (step >= 0)
@@ -135,21 +156,34 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* Ends the running step: every worker parked, then a pause of 2 ms, so
+ * that a tracer's time stamps tell the steps apart with no overlap. */
+static void end_step(struct rs_run *run, int s)
+{
+    __atomic_store_n(&parked, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&phase, 2 * s + 1, __ATOMIC_RELEASE);
+    uint64_t give_up = rs_now_ns() + UINT64_C(1000000000);
+    while (__atomic_load_n(&parked, __ATOMIC_ACQUIRE) < run->threads && rs_now_ns() < give_up) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    run->end_ns[s] = rs_now_ns();
+    sleep_until(run->end_ns[s] + UINT64_C(2000000));
+}
+
 int rs_run(struct rs_run *run)
 {
-    static int current_step;
     struct worker workers[RS_MAX_THREADS];
     int n = run->threads;
     if (n < 1 || n > RS_MAX_THREADS || run->nsteps < 1 || run->nsteps > RS_MAX_STEPS)
         return -1;
     memset(workers, 0, sizeof workers);
     memset(run->step, 0, sizeof run->step);
-    __atomic_store_n(&current_step, 0, __ATOMIC_RELEASE);
     run->start_ns[0] = rs_now_ns();
+    __atomic_store_n(&phase, 0, __ATOMIC_RELEASE);
     int started = 0;
     for (int i = 0; i < n; i++) {
         workers[i].run = run;
-        workers[i].current_step = &current_step;
         workers[i].buffer = aligned_alloc(64, (run->block + 4096 + 63) / 64 * 64);
         if (workers[i].buffer == NULL ||
             pthread_create(&workers[i].tid, NULL, worker_main, &workers[i]) != 0)
@@ -159,7 +193,7 @@ int rs_run(struct rs_run *run)
     for (int s = 0; s < run->nsteps && started == n; s++) {
         if (s > 0) {
             run->start_ns[s] = rs_now_ns();
-            __atomic_store_n(&current_step, s, __ATOMIC_RELEASE);
+            __atomic_store_n(&phase, 2 * s, __ATOMIC_RELEASE);
         }
         uint64_t end = run->start_ns[s] + (uint64_t)(run->steps[s].seconds * 1e9);
         uint64_t one_second = run->start_ns[s] + RS_MEASURE_AFTER_NS;
@@ -169,9 +203,9 @@ int rs_run(struct rs_run *run)
         }
         sleep_until(end);
         run->effective_at_end[s] = dd_get_effective_sampling_interval();
+        end_step(run, s);
     }
-    run->start_ns[run->nsteps] = rs_now_ns();
-    __atomic_store_n(&current_step, run->nsteps, __ATOMIC_RELEASE);
+    __atomic_store_n(&phase, 2 * run->nsteps, __ATOMIC_RELEASE);
     for (int i = 0; i < started; i++)
         pthread_join(workers[i].tid, NULL);
     for (int i = 0; i < n; i++) {

@@ -18,6 +18,9 @@
  *    and expects fewer samples) and the samples whose block was drawn with
  *    an interval other than the configured one.
  *
+ * Steps are separated by a pause of 2 ms in which no thread allocates, so
+ * that a tracer's time stamps attribute every sample to its step.
+ *
  * Pacing never catches up a debt: a thread that was descheduled resumes
  * at the step's rate from where it is, so a stall does not become a burst.
  */
@@ -56,7 +59,8 @@ struct rs_run {
     const struct rs_step *steps;
     int nsteps;
     /* output */
-    uint64_t start_ns[RS_MAX_STEPS + 1]; /* CLOCK_MONOTONIC; [nsteps] = end of the run */
+    uint64_t start_ns[RS_MAX_STEPS]; /* CLOCK_MONOTONIC */
+    uint64_t end_ns[RS_MAX_STEPS];   /* every thread has stopped; 2 ms pass before the next */
     uint64_t effective_at_1s[RS_MAX_STEPS]; /* dd_get_effective_sampling_interval() 1 s in */
     uint64_t effective_at_end[RS_MAX_STEPS];
     struct rs_totals step[RS_MAX_STEPS];

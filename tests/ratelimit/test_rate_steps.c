@@ -122,7 +122,7 @@ static void run_steps(int threads)
     uint64_t all_samples = 0, mismatched = 0;
     for (int s = 0; s < run.nsteps; s++) {
         const struct rs_totals *t = &run.step[s];
-        double seconds = (double)(run.start_ns[s + 1] - run.start_ns[s]) * 1e-9;
+        double seconds = (double)(run.end_ns[s] - run.start_ns[s]) * 1e-9;
         double measured = seconds - 1.0;
         double sd = sqrt(t->variance);
         all_weight += t->weight;
@@ -144,7 +144,7 @@ static void run_steps(int threads)
         double demand = (double)t->measured_blocks / measured * p;
         double want = demand < LIMIT ? demand : LIMIT;
         double got = (double)stamps_between(run.start_ns[s] + RS_MEASURE_AFTER_NS,
-                                            run.start_ns[s + 1]) / measured;
+                                            run.end_ns[s] + 1) / measured;
         check(fabs(got - want) <= 0.25 * want,
               "step %d: %.0f samples/s after the first second, want %.0f +-25%% (demand at the "
               "configured interval %.0f/s, limit %u)", s, got, want, demand, LIMIT);
