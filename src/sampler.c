@@ -55,6 +55,10 @@ static void read_config_once(void)
     if (!__atomic_load_n(&config.interval_from_api, __ATOMIC_RELAXED))
         __atomic_store_n(&config.interval, env.interval, __ATOMIC_RELAXED);
     ddheap_rate_set_limit(env.samples_per_second, false); /* unless the API set it */
+    /* Binds clock_gettime here, with getenv: no sample can be taken before
+     * the configuration is read, so the controller never calls it unbound
+     * (the constructor normally gets here before any allocation). */
+    ddheap_rate_process_init();
     __atomic_add_fetch(&config.epoch, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&config.state, 1, __ATOMIC_RELEASE);
 }
@@ -66,8 +70,7 @@ void ddheap_process_init(void)
 #if !DDHEAP_MARK_TBI
     ddheap_register_free_gate();
 #endif
-    read_config_once();   /* binds getenv, write */
-    ddheap_rate_process_init(); /* binds clock_gettime */
+    read_config_once();   /* binds getenv, write, clock_gettime */
 #if DDHEAP_MARK_TBI && DDHEAP_LIVE_HEAP
     ddheap_tbi_process_init(__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)); /* binds prctl */
 #endif
