@@ -4,8 +4,10 @@
  *
  *     rate_workload THREADS LIMIT INTERVAL BLOCK
  *
- * Prints the weight of one block at the configured interval and its pid, waits (up to 30 s) until a tracer is attached to the
- * alloc probe, runs the steps (x100 up and down, as in test_rate_steps.c)
+ * Prints the weight of one block at the configured interval and its pid,
+ * waits (up to 30 s) until a tracer is attached to the alloc probe and then
+ * for a line on stdin (the tracer is ready), runs the steps (x100 up and
+ * down, as in test_rate_steps.c)
  * with the limit and interval set through the API, prints one line of
  * ground truth per step, then waits for a line on stdin before exiting so
  * that the tracer is stopped while the process still lives.
@@ -52,6 +54,12 @@ int main(int argc, char **argv)
     }
     printf("rate-workload: attached\n");
     fflush(stdout);
+    /* The semaphore rises when the first probe is attached, before the
+     * others are (docs/probes.md): the test says "go" once bpftrace has
+     * run BEGIN, i.e. once every probe is in place. */
+    char go[64];
+    if (fgets(go, sizeof go, stdin) == NULL)
+        return 1;
     if (rs_run(&run) != 0)
         return 1;
     for (int s = 0; s < run.nsteps; s++) {

@@ -71,8 +71,9 @@ def run(c, threads, workload):
         w.wait_line("rate-workload: pid=")
         os.environ["BPFTRACE_MAP_KEYS_MAX"] = "65536"  # one key per millisecond of the run
         t = Tracer(os.path.join(HERE, "rate.bt"), [workload, str(weight_at_r)], w.pid)
-        t.wait_ready("READY")
+        t.wait_ready("READY")  # BEGIN ran: every probe is attached
         w.wait_line("rate-workload: attached")
+        w.send("go")
         w.wait_line("rate-workload: done", timeout=120)
         out = t.stop()
         w.send("exit")
