@@ -4,13 +4,16 @@
  * same bytes), freed FIFO through a window of `window` live blocks, through
  * the executable's (-fPIE) wrapper over glibc malloc: bare or ddheap.
  *
- * Prints one line: wall and CPU time of the loop and the true number of
- * bytes requested, which tools/bench compares with the weight sum a tracer
- * collected. With --wait-tracer it first waits (up to 30 s) until a tracer
+ * Prints one line: wall and CPU time of the loop, the true number of bytes
+ * requested, which tools/bench compares with the weight sum a tracer
+ * collected, and the effective sampling interval at the end (the rate
+ * limit may have raised it). With --wait-tracer it first waits (up to 30 s) until a tracer
  * has attached to ddheap's alloc probe, so attaching is never timed.
  */
 #define _GNU_SOURCE /* pthread barriers, usleep: not in strict C11 */
 #include "bench.h"
+
+#include <ddheap.h>
 
 #include <stdio.h>
 #include <sys/resource.h>
@@ -101,7 +104,10 @@ int main(int argc, char **argv)
     double t1 = now_ns();
     double c1 = cpu_ns();
     free(ring);
-    printf("E2E mode=%s count=%ld window=%ld ns=%.0f cpu_ns=%.0f bytes=%llu\n", mode, count, window,
-           t1 - t0, c1 - c0, (unsigned long long)bytes);
+    /* The interval the rate limit had raised the mean to at the end (the
+     * configured one when it never did, or with no tracer). */
+    printf("E2E mode=%s count=%ld window=%ld ns=%.0f cpu_ns=%.0f bytes=%llu effective=%llu\n", mode,
+           count, window, t1 - t0, c1 - c0, (unsigned long long)bytes,
+           (unsigned long long)dd_get_effective_sampling_interval());
     return 0;
 }

@@ -117,8 +117,29 @@ typedef struct dd_realloc_prep {
  * computed with the interval its countdown was drawn with. */
 DDHEAP_API void dd_set_default_sampling_interval(uint64_t bytes);
 
-/* The mean sampling interval new countdowns are drawn with. */
+/* The configured mean sampling interval (environment or the call above).
+ * The sampling-rate limit below may draw countdowns with a larger one. */
 DDHEAP_API uint64_t dd_get_default_sampling_interval(void);
+
+/* Caps the samples the whole process reports per second, however fast it
+ * allocates (0: no limit; default 3000, or DD_HEAP_SAMPLES_PER_SECOND). A
+ * process-wide controller, shared by every thread and every copy of
+ * ddheap in the process, raises the mean interval above the configured
+ * one while the allocation rate would exceed the limit, and lowers it back
+ * (never below the configured interval) when the rate falls. Weights stay
+ * unbiased: each is computed with the interval its own countdown was drawn
+ * with. An interval of 1 (every allocation, exactly) is never limited.
+ * What is guaranteed, and how fast it adapts: docs/performance.md, "Rate
+ * limit". */
+DDHEAP_API void dd_set_max_samples_per_second(uint64_t samples_per_second);
+
+/* The current limit in samples per second (0: none). */
+DDHEAP_API uint64_t dd_get_max_samples_per_second(void);
+
+/* The mean interval new countdowns are drawn with now: the configured one,
+ * or the larger one the rate limit currently needs. Each thread adopts it
+ * at its next sample point. */
+DDHEAP_API uint64_t dd_get_effective_sampling_interval(void);
 
 /* True while a tracer is attached to the `alloc` probe of either provider
  * (or one is simulated with dd_heap_simulate_tracer()). */

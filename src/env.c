@@ -1,5 +1,6 @@
 /*
- * DD_HEAP_SAMPLING_ENABLED and DD_HEAP_SAMPLING_INTERVAL, read once.
+ * DD_HEAP_SAMPLING_ENABLED, DD_HEAP_SAMPLING_INTERVAL and
+ * DD_HEAP_SAMPLES_PER_SECOND, read once.
  * getenv() allocates nothing; the parsing below is ours (strtoull would
  * consult the locale). A bad value is reported once on stderr, through
  * write(2) (stdio may allocate), and the default is kept.
@@ -62,6 +63,24 @@ bool ddheap_parse_interval(const char *text, uint64_t *out)
     return true;
 }
 
+bool ddheap_parse_rate(const char *text, uint64_t *out)
+{
+    uint64_t value = 0;
+    const char *p = text;
+    if (*p < '0' || *p > '9')
+        return false; /* empty, sign, space or garbage */
+    for (; *p >= '0' && *p <= '9'; p++) {
+        uint64_t digit = (uint64_t)(*p - '0');
+        if (value > (UINT64_MAX - digit) / 10)
+            return false;
+        value = value * 10 + digit;
+    }
+    if (*p != '\0')
+        return false;
+    *out = value;
+    return true;
+}
+
 static void complain(const char *name, const char *value, const char *what)
 {
     /* One write per message, so concurrent processes do not interleave. */
@@ -79,7 +98,7 @@ static void complain(const char *name, const char *value, const char *what)
 
 struct ddheap_config ddheap_read_environment(void)
 {
-    struct ddheap_config c = {true, DDHEAP_DEFAULT_INTERVAL};
+    struct ddheap_config c = {true, DDHEAP_DEFAULT_INTERVAL, DDHEAP_DEFAULT_SAMPLES_PER_SECOND};
     const char *enabled = getenv("DD_HEAP_SAMPLING_ENABLED");
     if (enabled) {
         int on = ddheap_parse_enabled(enabled);
@@ -93,5 +112,10 @@ struct ddheap_config ddheap_read_environment(void)
     if (interval && !ddheap_parse_interval(interval, &c.interval))
         complain("DD_HEAP_SAMPLING_INTERVAL", interval,
                  "expected a positive byte count such as 524288 or 512k; using 524288");
+    const char *rate = getenv("DD_HEAP_SAMPLES_PER_SECOND");
+    if (rate && !ddheap_parse_rate(rate, &c.samples_per_second))
+        complain("DD_HEAP_SAMPLES_PER_SECOND", rate,
+                 "expected a whole number of samples per second, 0 for no limit; using "
+                 DDHEAP_DEFAULT_SAMPLES_PER_SECOND_TEXT);
     return c;
 }

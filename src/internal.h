@@ -15,6 +15,11 @@
 
 #define DDHEAP_DEFAULT_INTERVAL (UINT64_C(512) * 1024)
 
+/* Default ceiling on samples per second (docs/performance.md, "Rate
+ * limit", says why this value). */
+#define DDHEAP_DEFAULT_SAMPLES_PER_SECOND UINT64_C(3000)
+#define DDHEAP_DEFAULT_SAMPLES_PER_SECOND_TEXT "3000"
+
 /* Alignment limit of sampling: larger (and non-power-of-two) alignments
  * pass through unsampled. 1 GiB covers every huge page size. */
 #define DDHEAP_MAX_SAMPLED_ALIGNMENT (UINT64_C(1) << 30)
@@ -30,6 +35,7 @@ double ddheap_one_minus_exp_neg(double x);
 struct ddheap_config {
     bool enabled;
     uint64_t interval;
+    uint64_t samples_per_second; /* 0: no limit */
 };
 
 /* --- env.c --- */
@@ -41,6 +47,27 @@ struct ddheap_config ddheap_read_environment(void);
 bool ddheap_parse_interval(const char *text, uint64_t *out);
 /* 1 = on, 0 = off, -1 = not understood. */
 int ddheap_parse_enabled(const char *text);
+/* Parses a plain decimal count of samples per second, 0 included (no
+ * limit); false for anything else (signs, suffixes, spaces, overflow). */
+bool ddheap_parse_rate(const char *text, uint64_t *out);
+
+/* --- rate.c: the process-wide sampling-rate limit --- */
+/* Sets the limit (0: none). From the environment it only takes effect if
+ * neither the API nor another copy's environment read set it first. */
+void ddheap_rate_set_limit(uint64_t samples_per_second, bool from_api);
+/* Lets the environment set the limit again (ddheap_test_reload_config). */
+void ddheap_rate_forget_limit(void);
+uint64_t ddheap_rate_limit(void);
+/* The mean interval, in bytes, that keeps the process within the limit
+ * at its last measured allocation rate; 0 while there is no limit. */
+uint64_t ddheap_rate_needed_mean(void);
+/* Counts one sample of the Poisson sampler with its weight, and returns
+ * the needed mean, possibly just updated. Cold path: no lock, keeps errno. */
+uint64_t ddheap_rate_record(uint64_t weight);
+/* Windows the controller closed since the limit was last set. */
+uint64_t ddheap_rate_windows(void);
+/* Binds clock_gettime (ddheap_process_init). */
+void ddheap_rate_process_init(void);
 
 /* --- probes.c --- */
 /* The alloc and free probes. Each hands back what its caller returns next

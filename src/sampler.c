@@ -54,6 +54,11 @@ static void read_config_once(void)
     __atomic_store_n(&config.enabled, env.enabled, __ATOMIC_RELAXED);
     if (!__atomic_load_n(&config.interval_from_api, __ATOMIC_RELAXED))
         __atomic_store_n(&config.interval, env.interval, __ATOMIC_RELAXED);
+    ddheap_rate_set_limit(env.samples_per_second, false); /* unless the API set it */
+    /* Binds clock_gettime here, with getenv: no sample can be taken before
+     * the configuration is read, so the controller never calls it unbound
+     * (the constructor normally gets here before any allocation). */
+    ddheap_rate_process_init();
     __atomic_add_fetch(&config.epoch, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&config.state, 1, __ATOMIC_RELEASE);
 }
@@ -65,7 +70,7 @@ void ddheap_process_init(void)
 #if !DDHEAP_MARK_TBI
     ddheap_register_free_gate();
 #endif
-    read_config_once();   /* binds getenv, write */
+    read_config_once();   /* binds getenv, write, clock_gettime */
 #if DDHEAP_MARK_TBI && DDHEAP_LIVE_HEAP
     ddheap_tbi_process_init(__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)); /* binds prctl */
 #endif
@@ -114,6 +119,18 @@ static uint64_t weight_of(uint64_t size, uint64_t mean)
     return weight < size ? size : weight; /* S/p >= S; guards rounding */
 }
 
+/* The mean the next countdown is drawn with: the configured interval, or
+ * the larger one the rate limit needs (src/rate.c). R = 1, the exact mode,
+ * is never limited: whoever asks for every allocation gets every one. */
+static uint64_t effective_interval(void)
+{
+    uint64_t interval = __atomic_load_n(&config.interval, __ATOMIC_RELAXED);
+    if (interval <= 1)
+        return interval;
+    uint64_t needed = ddheap_rate_needed_mean();
+    return needed > interval ? needed : interval;
+}
+
 /* Takes the current interval (and, on first use, a seed). A fresh
  * countdown starts a fresh Poisson process, unbiased from here on. Out of
  * line, as is sample_point(): a sampled allocation's common path then needs
@@ -133,16 +150,29 @@ __attribute__((noinline)) static void adopt_config(struct ddheap__thread *t)
         t->countdown = UINT64_MAX;
         return;
     }
-    t->mean = __atomic_load_n(&config.interval, __ATOMIC_RELAXED);
+    t->mean = effective_interval();
     t->countdown = draw_countdown(t, t->mean);
 }
 
 /* A sample point fell inside a block of `size` bytes, with R > 1: its
- * weight, and the next countdown. The floating-point part of sampling. */
+ * weight, and the next countdown. The floating-point part of sampling.
+ *
+ * The weight uses the mean this countdown was drawn with; the next one is
+ * drawn with the mean in force now (the rate limit may have changed it),
+ * and that mean is stored beside it for the next weight. A Poisson process
+ * may change its rate at any sample point: memorylessness makes the block
+ * after it start a fresh process, so every weight stays unbiased. */
 __attribute__((noinline)) static uint64_t sample_point(struct ddheap__thread *t, uint64_t size)
 {
     uint64_t weight = weight_of(size, t->mean);
-    t->countdown = draw_countdown(t, t->mean);
+    uint64_t interval = __atomic_load_n(&config.interval, __ATOMIC_RELAXED);
+    uint64_t mean = interval;
+    if (interval > 1 && ddheap_rate_limit() != 0) {
+        uint64_t needed = ddheap_rate_record(weight);
+        mean = needed > interval ? needed : interval;
+    }
+    t->mean = mean;
+    t->countdown = draw_countdown(t, mean);
     return weight;
 }
 
@@ -381,6 +411,24 @@ uint64_t dd_get_default_sampling_interval(void)
     return __atomic_load_n(&config.interval, __ATOMIC_RELAXED);
 }
 
+uint64_t dd_get_effective_sampling_interval(void)
+{
+    read_config_once();
+    return effective_interval();
+}
+
+void dd_set_max_samples_per_second(uint64_t samples_per_second)
+{
+    read_config_once(); /* a later environment read must not override this */
+    ddheap_rate_set_limit(samples_per_second, true);
+}
+
+uint64_t dd_get_max_samples_per_second(void)
+{
+    read_config_once();
+    return ddheap_rate_limit();
+}
+
 int dd_heap_thread_sampling_status(void)
 {
     read_config_once();
@@ -417,9 +465,15 @@ uint64_t ddheap_test_weight(uint64_t size, uint64_t mean)
     return weight_of(size, mean);
 }
 
+uint64_t ddheap_test_thread_mean(void)
+{
+    return ddheap__thread_state.mean;
+}
+
 void ddheap_test_reload_config(void)
 {
     __atomic_store_n(&config.interval_from_api, 0, __ATOMIC_RELAXED);
+    ddheap_rate_forget_limit();
     __atomic_store_n(&config.state, 0, __ATOMIC_RELEASE);
     read_config_once();
     adopt_config(&ddheap__thread_state);

@@ -55,8 +55,14 @@ DDHEAP_API uint64_t ddheap_test_draw_gap(uint64_t mean);
  * with interval `mean`: size / (1 - exp(-size/mean)), or size when mean is 1. */
 DDHEAP_API uint64_t ddheap_test_weight(uint64_t size, uint64_t mean);
 
+/* The mean interval the calling thread's running countdown was drawn with,
+ * i.e. the R that the next sampled block's weight will use (0 before the
+ * thread's first allocation, UINT64_MAX while sampling is disabled). */
+DDHEAP_API uint64_t ddheap_test_thread_mean(void);
+
 /* Forgets that the environment was read, so the next cold-path entry reads
- * DD_HEAP_SAMPLING_* again (and this thread re-initialises). */
+ * DD_HEAP_SAMPLING_* and DD_HEAP_SAMPLES_PER_SECOND again (and this thread
+ * re-initialises); a limit set through the API is forgotten too. */
 DDHEAP_API void ddheap_test_reload_config(void);
 
 /* Number of marked blocks live in the process (all copies of ddheap). */
