@@ -587,8 +587,12 @@ static unsigned long bpftrace_attaches, bpftrace_events, bpftrace_nudges;
  * the process asleep in epoll_wait, and every perf event it had open
  * before the SIGINT (its probes among them) still open. A stop and
  * continue makes that epoll_wait fail with EINTR; in any other state the
- * EINTR only makes bpftrace wait again. A second SIGINT is no cure: one
- * that lands while bpftrace prints at exit cuts its output short. */
+ * EINTR only makes bpftrace wait again. A nudge can itself land where
+ * epoll_wait returns 0, as likely as the SIGINT was lost: hence a few, one
+ * a second. A second SIGINT is no cure: one that lands while bpftrace
+ * prints at exit cuts its output short. */
+#define BPFTRACE_NUDGES 5
+
 static int perf_event_fds(pid_t pid)
 {
     char path[64], link[64];
@@ -705,22 +709,22 @@ static bool bpftrace_cycle(double hold_s)
         ERROR("bpftrace did not attach within 60 s (or the semaphore did not say so)");
     }
     /* SIGINT ends bpftrace (printing END's line). Lost (see lost_sigint),
-     * it is followed by a nudge, at most three and each said; after 30 s
+     * it is followed by nudges, at most BPFTRACE_NUDGES, each said; after 30 s
      * bpftrace is killed with an error rather than hang the suite. */
     int attached_fds = perf_event_fds(child);
     kill(child, SIGINT);
     double stop_at = now_s();
-    double next_look = stop_at + 2.0;
+    double next_look = stop_at + 1.0;
     int nudges = 0;
     while (!eof) {
         if (now_s() >= next_look) {
-            next_look += 2.0;
-            if (nudges < 3 && lost_sigint(child, attached_fds)) {
+            next_look += 1.0;
+            if (nudges < BPFTRACE_NUDGES && lost_sigint(child, attached_fds)) {
                 nudges++;
                 bpftrace_nudges++;
                 printf("stress: bpftrace %d lost its SIGINT (asleep in epoll_wait, all %d perf "
-                       "events still open, nothing pending): SIGSTOP+SIGCONT, nudge %d of 3\n",
-                       (int)child, attached_fds, nudges);
+                       "events still open, nothing pending): SIGSTOP+SIGCONT, nudge %d of %d\n",
+                       (int)child, attached_fds, nudges, BPFTRACE_NUDGES);
                 fflush(stdout);
                 kill(child, SIGSTOP);
                 kill(child, SIGCONT);

@@ -188,9 +188,11 @@ class Tracer:
 # stop and continue makes that epoll_wait fail with EINTR, and bpftrace
 # then sees the flag its handler set. The nudge is harmless in any other
 # state (an EINTR without the flag only makes bpftrace wait again), so a
-# wrong reading could cost nothing but a NOTE line.
-LOST_SIGINT_LOOK = 2  # seconds between looks at a bpftrace that has not exited
-NUDGES = 3
+# wrong reading could cost nothing but a NOTE line. A nudge can itself land
+# in the window that lost the SIGINT (epoll_wait then returns 0, not
+# EINTR), as likely as the SIGINT was lost: hence a few, one a second.
+LOST_SIGINT_LOOK = 1  # seconds between looks at a bpftrace that has not exited
+NUDGES = 5
 SIGINT_BIT = 1 << (signal.SIGINT - 1)
 
 

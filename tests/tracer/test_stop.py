@@ -13,7 +13,7 @@ code, where bpftrace never looks at the flag it sets.
 
 Checks: bpftrace was left in exactly the state Tracer.stop recognises (so
 the test is about the real cause, and says so if a later bpftrace stops
-losing the signal), Tracer.stop brought it out with one nudge, and the
+losing the signal), Tracer.stop brought it out with its nudges, and the
 profile it printed is complete. Needs root, bpftrace and gdb; fails,
 never skips, when root lacks either tool.
 """
@@ -102,8 +102,11 @@ def test_lost_sigint(c, workload, tools):
     if "error" in stopped:
         c.check(False, f"Tracer.stop: {stopped['error']}")
         return
-    # One nudge: the state was recognised (and only then acted on) once.
-    c.equal(t.nudges, 1, "nudges Tracer.stop needed (bpftrace 0.17 loses this SIGINT)")
+    # At least one nudge: the state was recognised. More than one when a
+    # nudge itself landed where epoll_wait returns 0 (harness.NUDGES).
+    c.check(1 <= t.nudges <= harness.NUDGES,
+            f"bpftrace 0.17 lost this SIGINT and Tracer.stop recognised it: "
+            f"{t.nudges} nudges (1..{harness.NUDGES})")
     out = stopped["out"]
     c.check("=== ddheap-live: totals" in out and harness.results(out)["total_live_blocks"] > 0,
             "bpftrace ran END and printed the live heap after the nudge")
