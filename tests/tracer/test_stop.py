@@ -73,7 +73,10 @@ def test_lost_sigint(c, workload, tools):
         w.send("go")
         w.wait_line("workload: lingering")
         gdb, held = hold_after_epoll_wait(t.proc.pid, release)
-        wait_for("gdb did not stop bpftrace after an epoll_wait", lambda: os.path.exists(held))
+        wait_for("gdb did not stop bpftrace after an epoll_wait",
+                 lambda: os.path.exists(held) or gdb.poll() is not None)
+        if not os.path.exists(held):
+            raise Failure(f"gdb could not hold bpftrace: {gdb.communicate()[0][-2000:]}")
 
         def stop():
             try:
