@@ -1,0 +1,149 @@
+/*
+ * libdwfl-based symbolisation (symbolize.h). One Dwfl session per object,
+ * each module reported at the load bias recorded for it: a library that
+ * was unloaded and another loaded at the same addresses cannot collide in
+ * one session, and the object of an address is chosen by our own mapping
+ * record, not by dwfl.
+ */
+#include "symbolize.h"
+
+#include <elfutils/libdwfl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct module {
+    Dwfl *dwfl;
+    Dwfl_Module *mod;
+};
+
+struct dd_prof_symbolizer {
+    const struct dd_prof_objects *objs;
+    struct module *mods; /* parallel to objs->v; opened on first use */
+    bool *tried;
+    char **names; /* strings made here ("lib.so+0x..."), freed at the end */
+    size_t nnames, names_cap;
+};
+
+static char *debuginfo_path;
+static const Dwfl_Callbacks callbacks = {
+    .find_elf = dwfl_linux_proc_find_elf,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .section_address = dwfl_offline_section_address,
+    .debuginfo_path = &debuginfo_path,
+};
+
+struct dd_prof_symbolizer *dd_prof_symbolizer_new(const struct dd_prof_objects *objs)
+{
+    struct dd_prof_symbolizer *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->objs = objs;
+    s->mods = calloc(objs->n ? objs->n : 1, sizeof *s->mods);
+    s->tried = calloc(objs->n ? objs->n : 1, sizeof *s->tried);
+    if (s->mods == NULL || s->tried == NULL) {
+        dd_prof_symbolizer_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static struct module *module_of(struct dd_prof_symbolizer *s, const struct dd_prof_object *o)
+{
+    size_t i = (size_t)(o - s->objs->v);
+    if (!s->tried[i]) {
+        s->tried[i] = true;
+        int fd = o->fd >= 0 ? dup(o->fd) : -1; /* dwfl closes what it is given */
+        Dwfl *dwfl = fd >= 0 ? dwfl_begin(&callbacks) : NULL;
+        if (dwfl) {
+            dwfl_report_begin(dwfl);
+            /* add_p_vaddr: the module's start is bias + its first
+             * segment's address, i.e. where it was really mapped. */
+            Dwfl_Module *mod = dwfl_report_elf(dwfl, o->path, o->path, fd, o->bias, true);
+            dwfl_report_end(dwfl, NULL, NULL);
+            if (mod) {
+                s->mods[i] = (struct module){dwfl, mod};
+                fd = -1;
+            } else {
+                dwfl_end(dwfl);
+            }
+        }
+        if (fd >= 0 && s->mods[i].mod == NULL && dwfl == NULL)
+            close(fd);
+    }
+    return s->mods[i].mod ? &s->mods[i] : NULL;
+}
+
+static const char *keep_name(struct dd_prof_symbolizer *s, char *name)
+{
+    if (name == NULL)
+        return "[unknown]";
+    if (s->nnames == s->names_cap) {
+        size_t cap = s->names_cap ? 2 * s->names_cap : 64;
+        char **v = realloc(s->names, cap * sizeof *v);
+        if (v == NULL) {
+            free(name);
+            return "[unknown]";
+        }
+        s->names = v;
+        s->names_cap = cap;
+    }
+    s->names[s->nnames++] = name;
+    return name;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+void dd_prof_symbolize(struct dd_prof_symbolizer *s, uint64_t addr, bool return_address,
+                       struct dd_prof_frame *out)
+{
+    memset(out, 0, sizeof *out);
+    out->function = "[unknown]";
+    const struct dd_prof_object *o = dd_prof_objects_find(s->objs, addr);
+    out->object = o;
+    if (o == NULL)
+        return;
+    uint64_t at = return_address && addr > 0 ? addr - 1 : addr;
+    struct module *m = module_of(s, o);
+    const char *name = m ? dwfl_module_addrname(m->mod, at) : NULL;
+    if (name) {
+        out->function = name;
+        out->known = true;
+    } else {
+        char *made = NULL;
+        if (asprintf(&made, "%s+0x%" PRIx64, base_name(o->path), at - o->bias) < 0)
+            made = NULL;
+        out->function = keep_name(s, made);
+    }
+    Dwfl_Line *line = m ? dwfl_module_getsrc(m->mod, at) : NULL;
+    if (line) {
+        int lineno = 0;
+        const char *file = dwfl_lineinfo(line, NULL, &lineno, NULL, NULL, NULL);
+        if (file) {
+            out->file = file;
+            out->line = lineno;
+        }
+    }
+}
+
+void dd_prof_symbolizer_free(struct dd_prof_symbolizer *s)
+{
+    if (s == NULL)
+        return;
+    if (s->mods)
+        for (size_t i = 0; i < s->objs->n; i++)
+            if (s->mods[i].dwfl)
+                dwfl_end(s->mods[i].dwfl);
+    for (size_t i = 0; i < s->nnames; i++)
+        free(s->names[i]);
+    free(s->names);
+    free(s->mods);
+    free(s->tried);
+    free(s);
+}
