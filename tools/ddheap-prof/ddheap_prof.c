@@ -226,12 +226,15 @@ static int keep_link(struct prof *p, struct bpf_link *l)
  * tracer that cannot yet see its free), to the file at path for our pid:
  * a uprobe on the file's inode, so it also covers mappings made later.
  * Returns 0 or -1 (message printed). */
-static int attach_file(struct prof *p, const char *path, uint64_t dev, uint64_t ino)
+static int attach_file(struct prof *p, const char *path, uint64_t dev, uint64_t ino,
+                       unsigned probes_present)
 {
     if (already_attached(p, dev, ino))
         return 0;
     static const char *const probes[2] = {"free", "alloc"};
     for (int i = 0; i < 2; i++) {
+        if (!(probes_present & (i == 0 ? DD_PROF_HAS_FREE : DD_PROF_HAS_ALLOC)))
+            continue;
         struct bpf_program *prog = i == 0 ? p->skel->progs.on_free : p->skel->progs.on_alloc;
         struct bpf_link *l =
             bpf_program__attach_usdt(prog, p->pid, path, p->opt.provider, probes[i], NULL);
@@ -254,8 +257,8 @@ static int attach_file(struct prof *p, const char *path, uint64_t dev, uint64_t 
         p->attached_cap = cap;
     }
     p->attached[p->nattached++] = (struct file_id){dev, ino};
-    fprintf(stderr, "ddheap-prof: attached to %s (%s:alloc, %s:free)\n", path, p->opt.provider,
-            p->opt.provider);
+    fprintf(stderr, "ddheap-prof: attached to %s (%s:alloc%s)\n", path, p->opt.provider,
+            probes_present & DD_PROF_HAS_FREE ? ", free" : "; no free probe: allocation profile only");
     return 0;
 }
 
@@ -268,8 +271,8 @@ static int rescan(struct prof *p)
         return -1;
     for (size_t i = 0; i < p->objs.n; i++) {
         struct dd_prof_object *o = &p->objs.v[i];
-        if (o->has_probes && !o->attached) {
-            if (attach_file(p, o->path, o->dev, o->ino) != 0)
+        if ((o->probes & DD_PROF_HAS_ALLOC) && !o->attached) {
+            if (attach_file(p, o->path, o->dev, o->ino, o->probes) != 0)
                 return -1;
             o->attached = true;
         }
@@ -398,8 +401,9 @@ static void attach_needed_libraries(struct prof *p)
             continue;
         path[strcspn(path, " \t\n")] = '\0';
         struct stat st;
-        if (stat(path, &st) == 0 && dd_prof_elf_has_probes(path, -1))
-            attach_file(p, path, st.st_dev, st.st_ino);
+        unsigned probes = stat(path, &st) == 0 ? dd_prof_elf_probes(path, -1) : 0;
+        if (probes & DD_PROF_HAS_ALLOC)
+            attach_file(p, path, st.st_dev, st.st_ino, probes);
     }
     free(line);
     if (f)
@@ -686,9 +690,10 @@ int main(int argc, char **argv)
         return 1;
     }
     if (p.nattached == 0) {
-        fprintf(stderr, "ddheap-prof: %s %d has no %s:alloc/%s:free probes in any object it "
+        fprintf(stderr, "ddheap-prof: process %d%s%s%s has no %s:alloc probe in any object it "
                         "maps (is it linked with libddheap, or run with libddheap_preload.so?)\n",
-                p.child ? p.opt.cmd[0] : "pid", (int)p.pid, p.opt.provider, p.opt.provider);
+                (int)p.pid, p.child ? " (" : "", p.child ? p.opt.cmd[0] : "", p.child ? ")" : "",
+                p.opt.provider);
         if (p.child)
             kill(p.pid, SIGKILL);
         return 1;

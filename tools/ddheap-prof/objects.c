@@ -40,7 +40,7 @@ static Elf *open_elf(int fd)
 
 /* One stapsdt note's description: three addresses (probe, base,
  * semaphore), then provider, name and arguments as C strings. */
-static void note_probe(const char *desc, size_t len, bool *alloc, bool *free_)
+static void note_probe(const char *desc, size_t len, unsigned *probes)
 {
     size_t at = 3 * sizeof(uint64_t);
     if (len <= at)
@@ -54,16 +54,15 @@ static void note_probe(const char *desc, size_t len, bool *alloc, bool *free_)
     if (at + plen + 1 + nlen >= len)
         return;
     if (strcmp(name, "alloc") == 0)
-        *alloc = true;
+        *probes |= DD_PROF_HAS_ALLOC;
     else if (strcmp(name, "free") == 0)
-        *free_ = true;
+        *probes |= DD_PROF_HAS_FREE;
 }
 
-/* Walks every note section; fills whatever of has_probes / build_id the
+/* Walks every note section; fills whatever of probes / build_id the
  * caller asked for. */
-static void read_notes(Elf *elf, bool *has_probes, char *build_id, size_t build_id_size)
+static void read_notes(Elf *elf, unsigned *probes, char *build_id, size_t build_id_size)
 {
-    bool alloc = false, free_ = false;
     Elf_Scn *scn = NULL;
     while ((scn = elf_nextscn(elf, scn)) != NULL) {
         GElf_Shdr sh;
@@ -77,9 +76,9 @@ static void read_notes(Elf *elf, bool *has_probes, char *build_id, size_t build_
         while ((off = gelf_getnote(data, off, &nh, &name_off, &desc_off)) > 0) {
             const char *name = (const char *)data->d_buf + name_off;
             const char *desc = (const char *)data->d_buf + desc_off;
-            if (has_probes && nh.n_type == NT_STAPSDT && nh.n_namesz == 8 &&
+            if (probes && nh.n_type == NT_STAPSDT && nh.n_namesz == 8 &&
                 memcmp(name, "stapsdt", 8) == 0)
-                note_probe(desc, nh.n_descsz, &alloc, &free_);
+                note_probe(desc, nh.n_descsz, probes);
             else if (build_id && nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
                      memcmp(name, "GNU", 4) == 0 && 2 * nh.n_descsz < build_id_size) {
                 for (size_t i = 0; i < nh.n_descsz; i++)
@@ -87,16 +86,14 @@ static void read_notes(Elf *elf, bool *has_probes, char *build_id, size_t build_
             }
         }
     }
-    if (has_probes)
-        *has_probes = alloc && free_;
 }
 
-bool dd_prof_elf_has_probes(const char *path, int fd)
+unsigned dd_prof_elf_probes(const char *path, int fd)
 {
     int own = -1;
     if (fd < 0 && (fd = own = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return false;
-    bool has = false;
+        return 0;
+    unsigned has = 0;
     Elf *elf = open_elf(fd);
     if (elf) {
         read_notes(elf, &has, NULL, 0);
@@ -178,7 +175,7 @@ static struct dd_prof_object *add_object(struct dd_prof_objects *objs, pid_t pid
         return NULL;
     }
     o->bias = load_bias(elf, start);
-    read_notes(elf, &o->has_probes, o->build_id, sizeof o->build_id);
+    read_notes(elf, &o->probes, o->build_id, sizeof o->build_id);
     elf_end(elf);
     objs->n++;
     return o;

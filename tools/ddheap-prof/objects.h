@@ -22,7 +22,7 @@ struct dd_prof_object {
     uint64_t exec_start, exec_end, exec_offset; /* its executable mapping, if seen */
     int fd;            /* -1 if it could not be opened */
     char build_id[129]; /* hex, "" if none */
-    bool has_probes;   /* carries the provider's alloc and free probes */
+    unsigned probes;   /* DD_PROF_HAS_ALLOC | DD_PROF_HAS_FREE of the provider */
     bool attached;
 };
 
@@ -39,9 +39,11 @@ void dd_prof_objects_set_provider(const char *provider);
  * ESRCH once the process is gone). */
 int dd_prof_objects_scan(struct dd_prof_objects *objs, pid_t pid);
 
-/* Whether the ELF file at path (or fd, if >= 0) carries the provider's
- * alloc and free probes. */
-bool dd_prof_elf_has_probes(const char *path, int fd);
+enum { DD_PROF_HAS_ALLOC = 1, DD_PROF_HAS_FREE = 2 };
+
+/* Which of the provider's alloc and free probes the ELF file at path (or
+ * fd, if >= 0) carries. A build without live-heap tracking has no free. */
+unsigned dd_prof_elf_probes(const char *path, int fd);
 
 /* The object whose mappings span addr, the latest loaded if several did. */
 const struct dd_prof_object *dd_prof_objects_find(const struct dd_prof_objects *objs,
