@@ -442,7 +442,55 @@ def test_errors(c, prof, workload, artifacts, extra):
            "-- a command that does not exist")
 
 
-TESTS = {"cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
+def test_dlopen(c, prof, workload, artifacts, extra):
+    """A library dlopen'ed after the start is found by a rescan and
+    attached; at R = 1 its allocations are in the profile exactly, with
+    its own mapping (and build id) and file:line from its debug info; the
+    executable's are there too."""
+    main, plugin = extra
+    pb = os.path.join(artifacts, "dlopen.pb.gz")
+    count = 300
+    p = Prof(prof, ["-o", pb, "--", main, os.path.abspath(plugin), str(count)],
+             env={"DD_HEAP_SAMPLING_INTERVAL": "1"}, stdin=subprocess.PIPE,
+             stdout=subprocess.PIPE)
+    lines = []
+    try:
+        def expect_line(prefix):
+            line = p.proc.stdout.readline()
+            lines.append(line.rstrip("\n"))
+            if not line.startswith(prefix):
+                raise Failure(f"wanted {prefix!r} from the program, got {line!r}:\n{p.text()}")
+        expect_line("dlopen: ready")
+        p.proc.stdin.write("load\n")
+        p.proc.stdin.flush()
+        expect_line("dlopen: loaded")
+        p.wait_for("attached to " + os.path.realpath(plugin))
+        p.proc.stdin.write("work\n")
+        p.proc.stdin.flush()
+        for line in p.proc.stdout:
+            lines.append(line.rstrip("\n"))
+        c.equal(p.finish(), 0, "ddheap-prof exit code")
+    finally:
+        p.kill()
+    truth = harness.parse_truth(lines)
+    raw = read_raw(pb)
+    got = {t: per_site(raw, t) for t in raw["types"]}
+    for site in ("site_main_blocks", "site_plugin_blocks"):
+        t = truth["site"][site]
+        c.equal((got["alloc_space"].get(site, 0), got["alloc_objects"].get(site, 0),
+                 got["inuse_space"].get(site, 0), got["inuse_objects"].get(site, 0)),
+                (t["alloc_bytes"], t["alloc_count"], t["live_bytes"], t["live_count"]),
+                f"{site}: alloc_space, alloc_objects, inuse_space, inuse_objects")
+    real = os.path.realpath(plugin)
+    maps = [m for m in raw["mappings"] if os.path.realpath(m["file"]) == real]
+    c.check(len(maps) == 1 and maps[0]["build_id"] == readelf_build_id(plugin),
+            f"the plugin's mapping with its build id: {maps}")
+    files = {l["file"] for l in raw["locs"].values() if l["function"] == "site_plugin_blocks"}
+    c.check(files and all(re.search(r"plugin\.c:\d+$", f) for f in files),
+            f"plugin frames carry plugin.c:LINE ({sorted(files)})")
+
+
+TESTS = {"dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
          "lost": test_lost, "errors": test_errors}
 
 
