@@ -134,17 +134,18 @@ class Prof:
             self.proc.wait()
 
 
-def run_cmd(prof, args, workload_args, env, artifacts, name):
-    """ddheap-prof -- WORKLOAD ...: returns (truth, raw profile, stderr, paths)."""
+def run_cmd(prof, args, cmd, env, artifacts, name):
+    """ddheap-prof ARGS -- CMD..., where CMD names the truth file as
+    {truth}: returns (truth, raw profile, stderr, paths)."""
     paths = {"pb": os.path.join(artifacts, f"{name}.pb.gz"),
              "svg": os.path.join(artifacts, f"{name}.svg"),
-             "folded": os.path.join(artifacts, f"{name}.folded")}
+             "folded": os.path.join(artifacts, f"{name}.folded"),
+             "truth": os.path.join(artifacts, f"{name}.truth")}
     for p in paths.values():
         if os.path.exists(p):
             os.unlink(p)
-    truth_path = os.path.join(artifacts, f"{name}.truth")
     p = Prof(prof, ["-o", paths["pb"], "--svg", paths["svg"], "--folded", paths["folded"]] + args +
-             ["--", workload_args[0], f"--truth={truth_path}"] + workload_args[1:],
+             ["--"] + [a.format(truth=paths["truth"]) for a in cmd],
              env=env, stdout=subprocess.DEVNULL)
     try:
         rc = p.finish()
@@ -153,7 +154,7 @@ def run_cmd(prof, args, workload_args, env, artifacts, name):
     err = p.text()
     if rc != 0:
         raise Failure(f"ddheap-prof exited with {rc}:\n{err}")
-    with open(truth_path) as f:
+    with open(paths["truth"]) as f:
         truth = harness.parse_truth(f.read().splitlines())
     return truth, read_raw(paths["pb"]), err, paths
 
@@ -217,7 +218,7 @@ def test_cmd(c, prof, workload, artifacts, extra):
     inuse_space per site; no event was lost."""
     interval = 65536
     truth, raw, err, paths = run_cmd(
-        prof, [], [workload, "--threads=2", "--rounds=2000", f"--seed={SEED}"],
+        prof, [], [workload, "--truth={truth}", "--threads=2", "--rounds=2000", f"--seed={SEED}"],
         {"DD_HEAP_SAMPLING_INTERVAL": str(interval)}, artifacts, "cmd")
     c.equal(raw["types"], ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"],
             "sample types")
@@ -249,11 +250,18 @@ def test_exact(c, prof, workload, artifacts, extra):
     """R = 1 (every allocation reported, weight = size) through the
     otel_memory provider: per site, alloc_space and alloc_objects equal
     the bytes and allocations made, inuse_space and inuse_objects the
-    bytes and blocks still live at exit, exactly."""
+    bytes and blocks still live at exit, exactly. The command is `env
+    VAR=1 WORKLOAD`, so the probes appear only at the second exec (the
+    way wrappers and LD_PRELOAD runs start), and the period comes from
+    the environment of the program that has them."""
     truth, raw, err, _ = run_cmd(
-        prof, ["--provider", "otel_memory"], [workload, "--threads=2", "--rounds=30"],
-        {"DD_HEAP_SAMPLING_INTERVAL": "1"}, artifacts, "exact")
-    c.check("(otel_memory:alloc, free)" in err, "attached through otel_memory")
+        prof, ["--provider", "otel_memory"],
+        ["env", "DD_HEAP_SAMPLING_INTERVAL=1", workload, "--truth={truth}", "--threads=2",
+         "--rounds=30"], {}, artifacts, "exact")
+    c.check("no otel_memory probes in env yet" in err, "the wrapper had no probes (said so)")
+    c.check("(otel_memory:alloc, free)" in err, "attached through otel_memory at the second exec")
+    c.check(any("interval 1" in x for x in raw["comments"]),
+            f"interval read from the program's environment: {raw['comments'][:1]}")
     c.check("LOST" not in err, f"no lost events ({err.strip().splitlines()[-2:]})")
     got = {t: per_site(raw, t) for t in raw["types"]}
     for site in SITES:
@@ -296,6 +304,33 @@ def test_pid(c, prof, workload, artifacts, extra):
             "no block allocated before the attach")
 
 
+def test_duration(c, prof, workload, artifacts, extra):
+    """-p with -d: ddheap-prof stops by itself, writes a readable profile
+    and detaches; the workload sees the detach (its semaphores drop),
+    then frees every block it kept, sampled ones included, intact."""
+    pb = os.path.join(artifacts, "duration.pb.gz")
+    w = Workload(workload, ["--threads=2", "--rounds=300", "--go", "--hold=detach"],
+                 {"DD_HEAP_SAMPLING_INTERVAL": "4096"})
+    p = None
+    try:
+        w.wait_line("workload: pid=")
+        p = Prof(prof, ["-p", str(w.pid), "-d", "2", "-o", pb])
+        p.wait_for("ddheap-prof: profiling pid")
+        w.send("go")
+        c.equal(p.finish(), 0, "ddheap-prof exit code at the end of -d")
+        c.equal(w.wait_line("workload: freed"), "workload: freed marked=0 corrupt=0 attached=0",
+                "the workload after the profiler left")
+        c.equal(w.finish(), 0, "workload exit code")
+    finally:
+        w.kill()
+        if p:
+            p.kill()
+    raw = read_raw(pb)
+    c.check(len(raw["samples"]) > 0 and any(l["function"].startswith("site_")
+                                            for l in raw["locs"].values()),
+            f"the profile has samples at the call sites ({len(raw['samples'])} samples)")
+
+
 def chromium(args, timeout=TIMEOUT):
     if shutil.which("chromium") is None:
         raise Failure("chromium is not installed (tools/install-deps installs it)")
@@ -319,7 +354,7 @@ def test_svg(c, prof, workload, artifacts, extra):
     sites are named, and zooming into a site and searching work (driven
     by a probe script appended to a copy). The screenshot is kept."""
     truth, raw, err, paths = run_cmd(
-        prof, [], [workload, "--threads=2", "--rounds=500", f"--seed={SEED}"],
+        prof, [], [workload, "--truth={truth}", "--threads=2", "--rounds=500", f"--seed={SEED}"],
         {"DD_HEAP_SAMPLING_INTERVAL": "65536"}, artifacts, "svg")
     svg = paths["svg"]
     with open(svg) as f:
@@ -381,7 +416,7 @@ def test_lost(c, prof, workload, artifacts, extra):
     """A one-page ring buffer at R = 1 cannot hold the stream: events are
     lost, stderr says how many, and the profile's comment says the same."""
     truth, raw, err, _ = run_cmd(
-        prof, ["--ringbuf-kb", "4"], [workload, "--threads=2", "--rounds=200"],
+        prof, ["--ringbuf-kb", "4"], [workload, "--truth={truth}", "--threads=2", "--rounds=200"],
         {"DD_HEAP_SAMPLING_INTERVAL": "1"}, artifacts, "lost")
     m = re.search(r"LOST (\d+) events \(alloc (\d+), free (\d+)\)", err)
     c.check(m is not None and int(m.group(1)) > 0, f"stderr reports lost events: "
@@ -445,7 +480,7 @@ def test_errors(c, prof, workload, artifacts, extra):
     finally:
         sleeper.kill()
         sleeper.wait()
-    expect(["-o", out, "--", "sleep", "60"], 1, "has no ddheap:alloc probe",
+    expect(["-o", out, "--", "true"], 1, "never mapped an object with ddheap:alloc probes",
            "-- a command without probes")
     expect(["-o", out, "--", "/nonexistent-program"], 1, "cannot run /nonexistent-program",
            "-- a command that does not exist")
@@ -500,7 +535,27 @@ def test_dlopen(c, prof, workload, artifacts, extra):
             f"plugin frames carry {want} ({sorted(files)})")
 
 
-TESTS = {"dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
+def test_preload(c, prof, workload, artifacts, extra):
+    """A program without ddheap, run with the LD_PRELOAD library through
+    `env`: the library is named by the loader's --list at the program's
+    exec and attached before it runs; at R = 1 each site's four values
+    equal the truth. (Registered in meson.build only where the preload
+    library is built.)"""
+    preload, plain = extra
+    truth, raw, err, _ = run_cmd(
+        prof, [], ["env", f"LD_PRELOAD={os.path.abspath(preload)}", "DD_HEAP_SAMPLING_INTERVAL=1",
+                   plain, "{truth}", "400"], {}, artifacts, "preload")
+    c.check("attached to " + os.path.realpath(preload) in err,
+            f"attached to the preload library: {err.strip()[:300]}")
+    got = {t: per_site(raw, t) for t in raw["types"]}
+    for site, t in truth["site"].items():
+        c.equal((got["alloc_space"].get(site, 0), got["alloc_objects"].get(site, 0),
+                 got["inuse_space"].get(site, 0), got["inuse_objects"].get(site, 0)),
+                (t["alloc_bytes"], t["alloc_count"], t["live_bytes"], t["live_count"]),
+                f"{site}: alloc_space, alloc_objects, inuse_space, inuse_objects")
+
+
+TESTS = {"duration": test_duration, "preload": test_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
          "lost": test_lost, "errors": test_errors}
 
 

@@ -25,6 +25,11 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * of a child that inherited the breakpoints across fork). */
 const volatile __u32 target_tgid = 0;
 
+/* Waking the reader for every event costs the traced thread an irq_work
+ * each time; the reader polls every 50 ms anyway, so it is woken only
+ * once this much is waiting (set to a quarter of the buffer). */
+const volatile __u64 wake_bytes = 0;
+
 struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
     __uint(max_entries, 4096 * 64); /* resized by the user side */
@@ -45,6 +50,12 @@ __u64 lost[2] = {0, 0};
 static __always_inline int ours(void)
 {
     return (__u32)(bpf_get_current_pid_tgid() >> 32) == target_tgid;
+}
+
+static __always_inline __u64 wake_flag(void)
+{
+    return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wake_bytes ? BPF_RB_FORCE_WAKEUP
+                                                                        : BPF_RB_NO_WAKEUP;
 }
 
 SEC("usdt")
@@ -72,7 +83,7 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     __u64 len = offsetof(struct dd_prof_alloc_event, frames) + bytes;
     if (len > sizeof *ev)
         len = sizeof *ev;
-    if (bpf_ringbuf_output(&events, ev, len, 0) != 0)
+    if (bpf_ringbuf_output(&events, ev, len, wake_flag()) != 0)
         __sync_fetch_and_add(&lost[DD_PROF_EV_ALLOC], 1);
     return 0;
 }
@@ -90,6 +101,6 @@ int BPF_USDT(on_free, __u64 ptr)
     ev->type = DD_PROF_EV_FREE;
     ev->pad = 0;
     ev->ptr = ptr;
-    bpf_ringbuf_submit(ev, 0);
+    bpf_ringbuf_submit(ev, wake_flag());
     return 0;
 }

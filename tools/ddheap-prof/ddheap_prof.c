@@ -81,6 +81,7 @@ struct prof {
     size_t nlinks, links_cap;
     struct file_id *attached;
     size_t nattached, attached_cap;
+    uint64_t interval; /* the process's sampling interval: pprof's period */
     bool oom;
 };
 
@@ -354,6 +355,40 @@ static char **environment_of(pid_t pid, char **buf_out)
     return env;
 }
 
+static uint64_t parse_interval(const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return 0;
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    return *end ? 0 : (uint64_t)v;
+}
+
+/* The mean sampling interval the process runs with, as its environment
+ * says (ddheap's default otherwise): pprof's period. */
+static uint64_t interval_of(pid_t pid)
+{
+    char *buf = NULL;
+    char **env = environment_of(pid, &buf);
+    uint64_t interval = 512 * 1024;
+    for (size_t i = 0; env && env[i]; i++)
+        if (strncmp(env[i], "DD_HEAP_SAMPLING_INTERVAL=", 26) == 0) {
+            uint64_t v = parse_interval(env[i] + 26);
+            if (v)
+                interval = v;
+        }
+    free(env);
+    free(buf);
+    return interval;
+}
+
 /* Attaches to the libraries the dynamic loader will map for the process
  * stopped at its exec: the loader's own `--list`, run on the same
  * executable with the same environment (LD_PRELOAD and LD_LIBRARY_PATH
@@ -473,6 +508,7 @@ static bool child_events(struct prof *p, int *status, bool *exec_seen)
             /* Not one instruction of the new image has run. */
             if (rescan(p) >= 0)
                 attach_needed_libraries(p);
+            p->interval = interval_of(p->pid);
             *exec_seen = true;
             sig = 0;
         } else if (event == PTRACE_EVENT_EXIT) {
@@ -515,40 +551,6 @@ static int on_event(void *ctx, void *data, size_t size)
     return 0;
 }
 
-static uint64_t parse_interval(const char *s)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s)
-        return 0;
-    switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
-    default: break;
-    }
-    return *end ? 0 : (uint64_t)v;
-}
-
-/* The mean sampling interval the process runs with, as its environment
- * says (ddheap's default otherwise): pprof's period. */
-static uint64_t interval_of(pid_t pid)
-{
-    char *buf = NULL;
-    char **env = environment_of(pid, &buf);
-    uint64_t interval = 512 * 1024;
-    for (size_t i = 0; env && env[i]; i++)
-        if (strncmp(env[i], "DD_HEAP_SAMPLING_INTERVAL=", 26) == 0) {
-            uint64_t v = parse_interval(env[i] + 26);
-            if (v)
-                interval = v;
-        }
-    free(env);
-    free(buf);
-    return interval;
-}
-
 static int64_t now_ns(clockid_t clock)
 {
     struct timespec ts;
@@ -557,8 +559,9 @@ static int64_t now_ns(clockid_t clock)
 }
 
 static int write_outputs(struct prof *p, FILE *out, FILE *svg, FILE *folded, int64_t started,
-                         int64_t started_mono, uint64_t interval)
+                         int64_t started_mono)
 {
+    uint64_t interval = p->interval;
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
     char c_lost[256], c_what[256], c_counts[256];
@@ -621,6 +624,7 @@ static int setup_bpf(struct prof *p)
     unsigned long bytes = 4096;
     while (bytes < p->opt.ringbuf_kb * 1024)
         bytes <<= 1;
+    p->skel->rodata->wake_bytes = bytes / 4;
     if (bpf_map__set_max_entries(p->skel->maps.events, (uint32_t)bytes) != 0 ||
         ddheap_prof_bpf__load(p->skel) != 0) {
         fprintf(stderr, "ddheap-prof: cannot load the BPF programs: %s\n", strerror(errno));
@@ -689,16 +693,19 @@ int main(int argc, char **argv)
                 strerror(errno));
         return 1;
     }
-    if (p.nattached == 0) {
-        fprintf(stderr, "ddheap-prof: process %d%s%s%s has no %s:alloc probe in any object it "
-                        "maps (is it linked with libddheap, or run with libddheap_preload.so?)\n",
-                (int)p.pid, p.child ? " (" : "", p.child ? p.opt.cmd[0] : "", p.child ? ")" : "",
-                p.opt.provider);
-        if (p.child)
-            kill(p.pid, SIGKILL);
+    if (p.nattached == 0 && !p.child) {
+        fprintf(stderr, "ddheap-prof: process %d has no %s:alloc probe in any object it maps "
+                        "(is it linked with libddheap, or run with libddheap_preload.so?)\n",
+                (int)p.pid, p.opt.provider);
         return 1;
     }
-    uint64_t interval = interval_of(p.pid);
+    if (p.nattached == 0)
+        /* A wrapper (env, a shell) may exec the real program later, or
+         * the program may dlopen an instrumented library. */
+        fprintf(stderr, "ddheap-prof: no %s probes in %s yet; profiling starts when it maps an "
+                        "object that has them\n",
+                p.opt.provider, p.opt.cmd[0]);
+    p.interval = interval_of(p.pid);
     fprintf(stderr, "ddheap-prof: profiling pid %d; Ctrl-C to stop\n", (int)p.pid);
 
     int64_t deadline = p.opt.duration > 0 ? started_mono + (int64_t)(p.opt.duration * 1e9) : 0;
@@ -735,7 +742,13 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < p.nlinks; i++)
         bpf_link__destroy(p.links[i]);
-    int rc = write_outputs(&p, out, svg, folded, started, started_mono, interval);
+    if (p.nattached == 0) {
+        fprintf(stderr, "ddheap-prof: process %d (%s) never mapped an object with %s:alloc "
+                        "probes (is it linked with libddheap, or run with libddheap_preload.so?)\n",
+                (int)p.pid, p.opt.cmd[0], p.opt.provider);
+        return 1;
+    }
+    int rc = write_outputs(&p, out, svg, folded, started, started_mono);
     if ((svg && fclose(svg) != 0) || (folded && fclose(folded) != 0) || fclose(out) != 0)
         rc = -1;
     ring_buffer__free(p.rb);

@@ -50,30 +50,31 @@ struct dd_prof_symbolizer *dd_prof_symbolizer_new(const struct dd_prof_objects *
     return s;
 }
 
+/* The object's dwfl session, opened on first use; NULL if its file
+ * cannot be read as ELF. */
 static struct module *module_of(struct dd_prof_symbolizer *s, const struct dd_prof_object *o)
 {
     size_t i = (size_t)(o - s->objs->v);
-    if (!s->tried[i]) {
-        s->tried[i] = true;
-        int fd = o->fd >= 0 ? dup(o->fd) : -1; /* dwfl closes what it is given */
-        Dwfl *dwfl = fd >= 0 ? dwfl_begin(&callbacks) : NULL;
-        if (dwfl) {
-            dwfl_report_begin(dwfl);
-            /* add_p_vaddr: the module's start is bias + its first
-             * segment's address, i.e. where it was really mapped. */
-            Dwfl_Module *mod = dwfl_report_elf(dwfl, o->path, o->path, fd, o->bias, true);
-            dwfl_report_end(dwfl, NULL, NULL);
-            if (mod) {
-                s->mods[i] = (struct module){dwfl, mod};
-                fd = -1;
-            } else {
-                dwfl_end(dwfl);
-            }
-        }
-        if (fd >= 0 && s->mods[i].mod == NULL && dwfl == NULL)
-            close(fd);
+    if (s->tried[i])
+        return s->mods[i].mod ? &s->mods[i] : NULL;
+    s->tried[i] = true;
+    Dwfl *dwfl = o->fd >= 0 ? dwfl_begin(&callbacks) : NULL;
+    if (dwfl == NULL)
+        return NULL;
+    /* dwfl owns the descriptor it is given: a copy, so the object keeps
+     * its own. */
+    int fd = dup(o->fd);
+    dwfl_report_begin(dwfl);
+    /* add_p_vaddr: the module starts at bias + its first segment's
+     * address, i.e. where it was really mapped. */
+    Dwfl_Module *mod = fd >= 0 ? dwfl_report_elf(dwfl, o->path, o->path, fd, o->bias, true) : NULL;
+    dwfl_report_end(dwfl, NULL, NULL);
+    if (mod == NULL) {
+        dwfl_end(dwfl);
+        return NULL;
     }
-    return s->mods[i].mod ? &s->mods[i] : NULL;
+    s->mods[i] = (struct module){dwfl, mod};
+    return &s->mods[i];
 }
 
 static const char *keep_name(struct dd_prof_symbolizer *s, char *name)
