@@ -331,6 +331,55 @@ def test_duration(c, prof, workload, artifacts, extra):
             f"the profile has samples at the call sites ({len(raw['samples'])} samples)")
 
 
+def test_sigint(c, prof, workload, artifacts, extra):
+    """Ctrl-C on `ddheap-prof -- CMD` in a terminal: SIGINT to the whole
+    process group. The profile is written, and the command gets its
+    SIGINT too (ptrace must hand it on, not swallow it when the profiler
+    lets go): the workload, waiting on stdin, dies of it."""
+    pb = os.path.join(artifacts, "sigint.pb.gz")
+    p = subprocess.Popen([prof, "-o", pb, "--", workload, "--threads=2", "--rounds=200", "--go",
+                          "--linger=stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env=dict(os.environ, DD_HEAP_SAMPLING_INTERVAL="65536"))
+    child = None
+    try:
+        line = p.stdout.readline()
+        m = re.match(r"workload: pid=(\d+) ready", line)
+        if not m:
+            raise Failure(f"no ready line from the workload: {line!r}")
+        child = int(m.group(1))
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        while not p.stdout.readline().startswith("workload: lingering"):
+            pass
+        os.killpg(p.pid, signal.SIGINT)
+        rc = p.wait(timeout=TIMEOUT)
+        err = p.stderr.read()
+        c.equal(rc, 0, f"ddheap-prof exit code after SIGINT ({err.strip().splitlines()[-1:]})")
+        deadline = time.monotonic() + TIMEOUT
+        while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        gone = not os.path.exists(f"/proc/{child}")
+        if not gone:
+            with open(f"/proc/{child}/stat") as f:
+                gone = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        c.check(gone, "the command died of its SIGINT")
+    finally:
+        if p.poll() is None:
+            p.kill()
+        if child and os.path.exists(f"/proc/{child}"):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    raw = read_raw(pb)
+    c.check(any(l["function"].startswith("site_") for l in raw["locs"].values()),
+            "the profile has the call sites")
+
+
 def chromium(args, timeout=TIMEOUT):
     if shutil.which("chromium") is None:
         raise Failure("chromium is not installed (tools/install-deps installs it)")
@@ -555,7 +604,7 @@ def test_preload(c, prof, workload, artifacts, extra):
                 f"{site}: alloc_space, alloc_objects, inuse_space, inuse_objects")
 
 
-TESTS = {"duration": test_duration, "preload": test_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
+TESTS = {"sigint": test_sigint, "duration": test_duration, "preload": test_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
          "lost": test_lost, "errors": test_errors}
 
 

@@ -509,15 +509,49 @@ static bool child_events(struct prof *p, int *status, bool *exec_seen)
             if (rescan(p) >= 0)
                 attach_needed_libraries(p);
             p->interval = interval_of(p->pid);
+            if (p->nattached == 0)
+                /* A wrapper (env, a shell) may exec the real program
+                 * later, or the program dlopen an instrumented library. */
+                fprintf(stderr, "ddheap-prof: no %s probes in %s yet; profiling starts when it "
+                                "maps an object that has them\n",
+                        p->opt.provider, p->opt.cmd[0]);
             *exec_seen = true;
             sig = 0;
         } else if (event == PTRACE_EVENT_EXIT) {
             rescan(p); /* the last look at the mappings */
             sig = 0;
+        } else if (event == PTRACE_EVENT_STOP) {
+            /* A group stop (SIGSTOP, Ctrl-Z): the program stays stopped,
+             * as it would untraced, while we keep watching. */
+            ptrace(PTRACE_LISTEN, p->pid, NULL, NULL);
+            continue;
         } else if (event != 0) {
-            sig = 0; /* a group stop or another event: nothing to deliver */
+            sig = 0;
         }
+        /* A signal-delivery stop: hand the signal on. */
         ptrace(PTRACE_CONT, p->pid, NULL, (void *)(long)sig);
+    }
+}
+
+/* Lets go of a command that is still running (Ctrl-C, -d): stops it with
+ * PTRACE_INTERRUPT and detaches at that stop. A signal caught on the way
+ * (the terminal's SIGINT reaches the command too) is handed on by the
+ * detach itself; a tracer that just exited would swallow it. */
+static void detach_child(struct prof *p)
+{
+    if (ptrace(PTRACE_INTERRUPT, p->pid, NULL, NULL) != 0)
+        return;
+    for (;;) {
+        int st;
+        if (waitpid(p->pid, &st, __WALL) != p->pid || !WIFSTOPPED(st))
+            return;
+        int event = st >> 16, sig = WSTOPSIG(st);
+        if (event == PTRACE_EVENT_EXEC || event == PTRACE_EVENT_EXIT) {
+            ptrace(PTRACE_CONT, p->pid, NULL, NULL);
+            continue;
+        }
+        ptrace(PTRACE_DETACH, p->pid, NULL, (void *)(long)(event ? 0 : sig));
+        return;
     }
 }
 
@@ -699,12 +733,6 @@ int main(int argc, char **argv)
                 (int)p.pid, p.opt.provider);
         return 1;
     }
-    if (p.nattached == 0)
-        /* A wrapper (env, a shell) may exec the real program later, or
-         * the program may dlopen an instrumented library. */
-        fprintf(stderr, "ddheap-prof: no %s probes in %s yet; profiling starts when it maps an "
-                        "object that has them\n",
-                p.opt.provider, p.opt.cmd[0]);
     p.interval = interval_of(p.pid);
     fprintf(stderr, "ddheap-prof: profiling pid %d; Ctrl-C to stop\n", (int)p.pid);
 
@@ -740,6 +768,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "ddheap-prof: %s exited with status %d\n", p.opt.cmd[0],
                     WEXITSTATUS(child_status));
     }
+    if (p.child && !exited)
+        detach_child(&p);
     for (size_t i = 0; i < p.nlinks; i++)
         bpf_link__destroy(p.links[i]);
     if (p.nattached == 0) {
