@@ -14,14 +14,19 @@
  *    unmarked again (header zeroed, table slot freed) and live_marked
  *    counts it down.
  *
- * Schemes: mark_header.h (16-byte keyed header before the user pointer,
- * plus mark_table.c for user pointers at a page start; x86-64, and aarch64
- * with -Darm64_marking=header) and mark_tbi.h (aarch64 top-byte tag).
+ * Schemes (-Dmarking=): mark_header.h (16-byte keyed header before the
+ * user pointer, plus mark_table.c for user pointers at a page start; the
+ * x86-64 default), mark_tbi.h (aarch64 top-byte tag, the aarch64 default)
+ * and mark_shadow.h (a process-wide bitmap beside the heap; pointers and
+ * sizes untouched).
  */
 #ifndef DDHEAP_MARK_H
 #define DDHEAP_MARK_H
 
 #include "internal.h"
+
+/* 1 for the header scheme, the one that is neither of the others. */
+#define DDHEAP_MARK_HEADER (!DDHEAP_MARK_TBI && !DDHEAP_MARK_SHADOW)
 
 struct ddheap_mark {
     void *raw;       /* what the real allocator returned */
@@ -80,11 +85,19 @@ bool ddheap_table_insert(uintptr_t user, uint64_t meta);
 bool ddheap_table_find(uintptr_t user, uint64_t *meta);
 bool ddheap_table_remove(uintptr_t user, uint64_t *meta);
 
-/* Every scheme counts its marks in the process-wide live_marked (the free
- * path's "nothing is marked" shortcut). */
+/* Every scheme counts its marks in a process-wide counter (the free path's
+ * "nothing is marked" shortcut): live_marked for headers and tags,
+ * shadow_live for the shadow scheme, so that copies of different schemes in
+ * one process never make each other's frees look for marks they cannot
+ * have made (the shadow free never reads a header, and the reverse). */
 static inline void ddheap_count_marked(int delta)
 {
-    __atomic_add_fetch(&ddheap_shared_v2.live_marked, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
+#if DDHEAP_MARK_SHADOW
+    uint64_t *counter = &ddheap_shared_v3.shadow_live;
+#else
+    uint64_t *counter = &ddheap_shared_v3.live_marked;
+#endif
+    __atomic_add_fetch(counter, (uint64_t)(int64_t)delta, __ATOMIC_RELAXED);
 }
 
 /* meta word of a table slot (mark_table.c):
@@ -111,7 +124,7 @@ static inline struct ddheap_mark ddheap_table_meta_decode(uintptr_t user, uint64
     return m;
 }
 
-#if !DDHEAP_MARK_TBI
+#if DDHEAP_MARK_HEADER
 /* The two words of a header for a block at `user` (mark_header.c), exposed
  * for tests that forge headers. Returns false when offset/extra cannot be
  * encoded (not multiples of 16 below a page, or offset below 16). */
@@ -121,6 +134,8 @@ bool ddheap_header_words(uintptr_t user, uint32_t offset, size_t extra, bool rep
 
 #if DDHEAP_MARK_TBI
 #include "mark_tbi.h"
+#elif DDHEAP_MARK_SHADOW
+#include "mark_shadow.h"
 #else
 #include "mark_header.h"
 #endif

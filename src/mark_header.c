@@ -7,7 +7,7 @@
 
 #include <errno.h>
 
-#if !DDHEAP_MARK_TBI
+#if DDHEAP_MARK_HEADER
 
 bool ddheap_header_words(uintptr_t user, uint32_t offset, size_t extra, bool reported,
                          uint64_t words[2])
@@ -45,7 +45,7 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
 bool ddheap_mark_lookup(void *ptr, struct ddheap_mark *out)
 {
     uintptr_t user = (uintptr_t)ptr;
-    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v2.live_marked, __ATOMIC_RELAXED) == 0)
+    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v3.live_marked, __ATOMIC_RELAXED) == 0)
         return false;
     if (ddheap_on_page_start(user)) {
         uint64_t meta;
@@ -60,7 +60,7 @@ bool ddheap_mark_lookup(void *ptr, struct ddheap_mark *out)
 bool ddheap_unmark(void *ptr, struct ddheap_mark *out)
 {
     uintptr_t user = (uintptr_t)ptr;
-    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v2.live_marked, __ATOMIC_RELAXED) == 0)
+    if (ptr == NULL || __atomic_load_n(&ddheap_shared_v3.live_marked, __ATOMIC_RELAXED) == 0)
         return false;
     if (!ddheap_on_page_start(user))
         return ddheap__header_filter_matches(user) && ddheap_unmark_quick(ptr, out) > 0;
@@ -84,4 +84,4 @@ void ddheap_test_fail_tagging(bool fail)
     (void)fail;
 }
 
-#endif /* !DDHEAP_MARK_TBI */
+#endif /* DDHEAP_MARK_HEADER */

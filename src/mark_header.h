@@ -1,5 +1,5 @@
 /*
- * Header marking (x86-64; aarch64 with -Darm64_marking=header): the
+ * Header marking (x86-64; aarch64 with -Dmarking=header): the
  * scheme's operations, inline, so that a sampled pair's cold path is one
  * function deep on each side (sampler.c; bench/: a call per operation cost
  * about 40 instructions per sampled pair). Included by mark.h only.
@@ -99,14 +99,14 @@ static inline uint64_t ddheap_header_tag(uintptr_t user, uint64_t fields, uint64
  * read here with acquire ordering comes with the other two keys. */
 static inline uint64_t ddheap_key_mul_if_ready(void)
 {
-    return __atomic_load_n(&ddheap_shared_v2.key_mul, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&ddheap_shared_v3.key_mul, __ATOMIC_ACQUIRE);
 }
 
 /* The two words of the header of a block at `user` (fields encoded). */
 static inline void ddheap_header_compute(uintptr_t user, uint64_t fields, uint64_t key_mul,
                                          uint64_t words[2])
 {
-    const struct ddheap__shared *sh = &ddheap_shared_v2;
+    const struct ddheap__shared *sh = &ddheap_shared_v3;
     words[0] = (uint64_t)user ^ sh->key_filter;
     words[1] = fields | ddheap_header_tag(user, fields, sh->key_xor, key_mul);
 }
@@ -153,7 +153,7 @@ static inline bool ddheap_header_read(uintptr_t user, struct ddheap_mark *out)
     __builtin_memcpy(&meta, (const char *)user - DDHEAP__HEADER + 8, sizeof meta);
     uint64_t fields = meta & DDHEAP_HEADER_FIELD_MASK;
     if ((meta & ~DDHEAP_HEADER_FIELD_MASK) !=
-        ddheap_header_tag(user, fields, ddheap_shared_v2.key_xor, key_mul))
+        ddheap_header_tag(user, fields, ddheap_shared_v3.key_xor, key_mul))
         return false;
     out->offset = (uint32_t)(fields << 4) & 0xff0;
     out->extra = (size_t)(fields >> 4) & 0xff0;

@@ -1,7 +1,7 @@
 /*
  * The process-wide table of marked blocks whose user pointer sits in the
  * first 16 bytes of a page (see mark_header.c). Lock-free open addressing
- * in ddheap_shared_v2.table, shared by every copy of the library.
+ * in ddheap_shared_v3.table, shared by every copy of the library.
  *
  * A pointer is looked for in a window of WINDOW slots from its hash; an
  * insert that finds its window full goes anywhere in the table and bumps
@@ -44,7 +44,7 @@ static bool claim(struct ddheap__table_slot *s, uintptr_t user, uint64_t meta)
 
 bool ddheap_table_insert(uintptr_t user, uint64_t meta)
 {
-    struct ddheap__shared *sh = &ddheap_shared_v2;
+    struct ddheap__shared *sh = &ddheap_shared_v3;
     size_t home = home_slot(user);
     for (size_t i = 0; i < DDHEAP__TABLE_SLOTS; i++) {
         size_t at = (home + i) & (DDHEAP__TABLE_SLOTS - 1);
@@ -61,7 +61,7 @@ bool ddheap_table_insert(uintptr_t user, uint64_t meta)
 
 static struct ddheap__table_slot *find_slot(uintptr_t user)
 {
-    struct ddheap__shared *sh = &ddheap_shared_v2;
+    struct ddheap__shared *sh = &ddheap_shared_v3;
     size_t home = home_slot(user);
     size_t span = __atomic_load_n(&sh->table_overflow, __ATOMIC_RELAXED) ? DDHEAP__TABLE_SLOTS : WINDOW;
     for (size_t i = 0; i < span; i++) {
@@ -83,7 +83,7 @@ bool ddheap_table_find(uintptr_t user, uint64_t *meta)
 
 bool ddheap_table_remove(uintptr_t user, uint64_t *meta)
 {
-    struct ddheap__shared *sh = &ddheap_shared_v2;
+    struct ddheap__shared *sh = &ddheap_shared_v3;
     struct ddheap__table_slot *s = find_slot(user);
     uintptr_t expected = user;
     if (!s || !__atomic_compare_exchange_n(&s->user, &expected, BUSY, false, __ATOMIC_ACQUIRE,

@@ -1,5 +1,5 @@
 /*
- * Pointer-tag marking (aarch64 with -Darm64_marking=tbi, the default there).
+ * Pointer-tag marking (aarch64 with -Dmarking=tbi, the default there).
  *
  * A sampled block's user pointer is its raw pointer with DDHEAP__TAG (0xDD)
  * in bits 56..63. Top-Byte-Ignore makes the CPU drop those bits on every

@@ -1,5 +1,5 @@
 /*
- * Pointer-tag marking (aarch64 with -Darm64_marking=tbi): the scheme's
+ * Pointer-tag marking (aarch64 with -Dmarking=tbi): the scheme's
  * operations on a sampled pair's path, inline (see mark_header.h for why).
  * What tagging needs from the kernel, and why, is in mark_tbi.c. Included
  * by mark.h only.

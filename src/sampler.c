@@ -69,6 +69,9 @@ void ddheap_process_init(void)
 #if DDHEAP_MARK_TBI && DDHEAP_LIVE_HEAP
     ddheap_tbi_process_init(__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)); /* binds prctl */
 #endif
+#if DDHEAP_MARK_SHADOW && DDHEAP_LIVE_HEAP
+    ddheap_shadow_process_init(); /* binds mmap, munmap */
+#endif
     errno = saved;
 }
 

@@ -22,19 +22,19 @@
 #include <string.h>
 #include <sys/auxv.h>
 
-#define DDHEAP_SHARED_SIZE 262848 /* sizeof(struct ddheap__shared) */
+#define DDHEAP_SHARED_SIZE 1311552 /* sizeof(struct ddheap__shared) */
 #define DDHEAP_STR2(x) #x
 #define DDHEAP_STR(x) DDHEAP_STR2(x)
 
 _Static_assert(sizeof(struct ddheap__shared) == DDHEAP_SHARED_SIZE,
                "update DDHEAP_SHARED_SIZE (and the _v suffix if the layout changed)");
 
-__asm__(".pushsection .bss.ddheap_shared_v2,\"aw\",%nobits\n"
-        ".globl ddheap_shared_v2\n"
-        ".type ddheap_shared_v2, %gnu_unique_object\n"
-        ".size ddheap_shared_v2, " DDHEAP_STR(DDHEAP_SHARED_SIZE) "\n"
+__asm__(".pushsection .bss.ddheap_shared_v3,\"aw\",%nobits\n"
+        ".globl ddheap_shared_v3\n"
+        ".type ddheap_shared_v3, %gnu_unique_object\n"
+        ".size ddheap_shared_v3, " DDHEAP_STR(DDHEAP_SHARED_SIZE) "\n"
         ".balign 64\n"
-        "ddheap_shared_v2:\n"
+        "ddheap_shared_v3:\n"
         ".zero " DDHEAP_STR(DDHEAP_SHARED_SIZE) "\n"
         ".popsection\n");
 
@@ -140,7 +140,7 @@ static void finish_claims_in_child(void);
 
 void ddheap_register_free_gate(void)
 {
-    struct ddheap__shared *s = &ddheap_shared_v2;
+    struct ddheap__shared *s = &ddheap_shared_v3;
     if (free_gate_slot != UINT32_MAX)
         return;
     uint32_t slot = __atomic_fetch_add(&s->free_gate_count, 1, __ATOMIC_SEQ_CST);
@@ -191,7 +191,7 @@ static void open_free_gates(struct ddheap__shared *s)
  * destructor was waiting for the claim, if it had begun). */
 static void finish_claims_in_child(void)
 {
-    struct ddheap__shared *s = &ddheap_shared_v2;
+    struct ddheap__shared *s = &ddheap_shared_v3;
     for (uint32_t i = 0; i < DDHEAP__FREE_GATES; i++) {
         uintptr_t gate = __atomic_load_n(&s->free_gates[i], __ATOMIC_RELAXED);
         if (gate & SLOT_CLAIMED) {
@@ -204,7 +204,7 @@ static void finish_claims_in_child(void)
 /* dlclose: no opener may write into this copy once it is unmapped. */
 __attribute__((destructor)) static void unregister_free_gate(void)
 {
-    struct ddheap__shared *s = &ddheap_shared_v2;
+    struct ddheap__shared *s = &ddheap_shared_v3;
     if (free_gate_slot == UINT32_MAX)
         return;
     uintptr_t *slot = &s->free_gates[free_gate_slot];
@@ -223,7 +223,7 @@ __attribute__((destructor)) static void unregister_free_gate(void)
 
 void ddheap_ensure_keys(void)
 {
-    struct ddheap__shared *s = &ddheap_shared_v2;
+    struct ddheap__shared *s = &ddheap_shared_v3;
     if (__atomic_load_n(&s->keys_ready, __ATOMIC_ACQUIRE))
         return;
 #if !DDHEAP_MARK_TBI
@@ -243,5 +243,9 @@ void ddheap_ensure_keys(void)
 
 uint64_t ddheap_test_live_marked(void)
 {
-    return __atomic_load_n(&ddheap_shared_v2.live_marked, __ATOMIC_RELAXED);
+#if DDHEAP_MARK_SHADOW
+    return __atomic_load_n(&ddheap_shared_v3.shadow_live, __ATOMIC_RELAXED);
+#else
+    return __atomic_load_n(&ddheap_shared_v3.live_marked, __ATOMIC_RELAXED);
+#endif
 }

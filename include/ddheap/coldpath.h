@@ -64,11 +64,20 @@ extern uint32_t ddheap__tracer_gate DDHEAP__HIDDEN;
  * of ddheap are linked in (an executable and its shared libraries each may
  * carry one): the symbol is STB_GNU_UNIQUE, so the dynamic linker binds
  * every copy to the same object. A block sampled by one copy is recognised
- * and released by any other. The `_v1` suffix is the layout version. */
+ * and released by any other copy of the same scheme. The layout is the same
+ * whatever scheme a copy marks with (copies of different schemes may share a
+ * process: a header-marking executable under the shadow-marking libc
+ * interposer); the `_v3` suffix is its version. */
 #define DDHEAP__PAGE 4096u
 #define DDHEAP__HEADER 16u
 #define DDHEAP__TABLE_SLOTS 16384u
 #define DDHEAP__FREE_GATES 64u
+/* Shadow scheme (src/mark_shadow.h): the summary has one counter per
+ * page-number residue modulo 2^20 (the free path indexes it with the
+ * address's bits 12..31); the bitmap words live in up to SHADOW_LEVELS
+ * mmap'd tables. */
+#define DDHEAP__SHADOW_SUMMARY_BITS 20u
+#define DDHEAP__SHADOW_LEVELS 14u
 
 struct ddheap__table_slot {
     uintptr_t user; /* 0: free slot */
@@ -76,13 +85,17 @@ struct ddheap__table_slot {
 };
 
 struct ddheap__shared {
-    /* Read by every free: zero while no marked block is live anywhere in
-     * the process, which lets frees skip the header read entirely. Written
-     * (atomically) on every mark and unmark, so it has a line of its own:
-     * the keys below, read by every free while something is live, must not
-     * bounce between cores with it. */
+    /* Read by every free: zero while no header- or tag-marked block is live
+     * anywhere in the process, which lets frees skip the header read
+     * entirely. Written (atomically) on every mark and unmark, so it has a
+     * line of its own: the keys below, read by every free while something
+     * is live, must not bounce between cores with it. */
     uint64_t live_marked;
-    uint64_t line0_pad[7];
+    /* The same for the shadow scheme, which counts its own marks: a copy
+     * of one scheme then never pays the other's free-time test for blocks
+     * it cannot have marked (each scheme looks only at its own marks). */
+    uint64_t shadow_live;
+    uint64_t line0_pad[6];
     /* Header keys, derived from AT_RANDOM (identical in every copy);
      * written once before the first block is marked, then only read.
      * key_filter makes a header's first word (user ^ key_filter), which the
@@ -105,13 +118,23 @@ struct ddheap__shared {
     /* The address of each copy's ddheap__free_gate (bit 0 set while an
      * opener writes through it; NULL once the copy is unloaded). */
     uintptr_t free_gates[DDHEAP__FREE_GATES];
+    /* Shadow scheme (src/mark_shadow.c): the tables of bitmap words,
+     * installed lazily by compare-and-swap (NULL: not mapped yet), and the
+     * sampled blocks that found no room in any of them. */
+    uint64_t *shadow_levels[DDHEAP__SHADOW_LEVELS];
+    uint64_t shadow_overflow;
+    uint64_t line3_pad[1];
+    /* Shadow summary: counter i is at least the number of set bits for
+     * addresses whose bits 12..31 equal i (saturating at 255, then sticky).
+     * Zero lets a free skip the bitmap. */
+    uint8_t shadow_summary[1u << DDHEAP__SHADOW_SUMMARY_BITS];
 };
 
-extern struct ddheap__shared ddheap_shared_v2 __attribute__((visibility("default")));
+extern struct ddheap__shared ddheap_shared_v3 __attribute__((visibility("default")));
 
-/* The free path's first test in a shared library (header scheme). There,
- * reading live_marked takes two instructions and a branch: the address of
- * ddheap_shared_v2 comes from the GOT. This per-copy byte is read
+/* The free path's first test in a shared library (header and shadow
+ * schemes). There, reading live_marked (shadow_live) takes two instructions and a branch: the address of
+ * ddheap_shared_v3 comes from the GOT. This per-copy byte is read
  * RIP-relative, in one compare: 0 means no block has ever been marked in
  * the process (and none can be without this byte changing first); 1, the
  * initial value, means "not known yet" (the copy's constructor has not run,

@@ -10,7 +10,8 @@
  *                           this copy's free gate), one branch
  *   freed, something live:  + the page test and the keyed filter on the
  *                           header's first word (header scheme) / one
- *                           compare (aarch64 TBI)
+ *                           compare (aarch64 TBI) / a shift and a test of
+ *                           one summary byte (shadow scheme)
  *   realloc prepare/commit: the tests of an allocation and of a free, unless
  *                           the old block is marked or the new one sampled
  *
@@ -114,7 +115,7 @@ static inline int ddheap__header_filter_matches(uintptr_t user)
      * whatever the bytes are), so the key's address is not shared with the
      * live_marked test and that test stays one instruction on every free. */
     typedef uint64_t __attribute__((may_alias)) any_word;
-    uint64_t expected = ddheap_shared_v2.key_filter ^ (uint64_t)user;
+    uint64_t expected = ddheap_shared_v3.key_filter ^ (uint64_t)user;
     __asm__ goto("cmpq %1, %0\n\tjne %l[differs]"
                  :
                  : "m"(*(const any_word *)(user - DDHEAP__HEADER)), "r"(expected)
@@ -126,7 +127,7 @@ differs:
 #else
     uint64_t word;
     __builtin_memcpy(&word, (const char *)user - DDHEAP__HEADER, sizeof word);
-    return (word ^ (uint64_t)user) == ddheap_shared_v2.key_filter;
+    return (word ^ (uint64_t)user) == ddheap_shared_v3.key_filter;
 #endif
 }
 
@@ -199,8 +200,8 @@ static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
 }
 
 /* Whether `ptr` may be a marked block, i.e. whether its free or realloc
- * must go through the cold path. Exact for pointer tags; for headers a
- * match is verified there. With nothing marked in the process: one
+ * must go through the cold path. Exact for pointer tags; for headers and
+ * the shadow summary a match is verified there. With nothing marked in the process: one
  * compare and one branch. */
 static inline int ddheap__may_be_marked(void *ptr)
 {
@@ -209,6 +210,17 @@ static inline int ddheap__may_be_marked(void *ptr)
     return 0;
 #elif DDHEAP_MARK_TBI
     return ((uintptr_t)ptr >> 56) == DDHEAP__TAG;
+#elif DDHEAP_MARK_SHADOW
+#if defined(__PIC__) && !defined(__PIE__)
+    if (DDHEAP__LIKELY(!ddheap__nonzero8(&ddheap__free_gate)))
+        return 0;
+#endif
+    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v3.shadow_live)))
+        return 0;
+    /* The summary: a zero counter for the address's bits 12..31 means no
+     * bit is set for any address there (src/mark_shadow.h). The 32-bit
+     * shift is the mask. Reads only ddheap's own memory. */
+    return ddheap__nonzero8(&ddheap_shared_v3.shadow_summary[(uint32_t)(uintptr_t)ptr >> 12]);
 #else
 #if defined(__PIC__) && !defined(__PIE__)
     /* A shared library: this copy's own gate first (coldpath.h), one
@@ -216,14 +228,14 @@ static inline int ddheap__may_be_marked(void *ptr)
     if (DDHEAP__LIKELY(!ddheap__nonzero8(&ddheap__free_gate)))
         return 0;
 #endif
-    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v2.live_marked)))
+    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v3.live_marked)))
         return 0;
     uintptr_t user = (uintptr_t)ptr;
     /* Page rule: a marked block never has a header-marked user pointer in
      * the first 16 bytes of a page; those are looked up instead. */
     if ((user & (DDHEAP__PAGE - 1)) >= DDHEAP__HEADER)
         return ddheap__header_filter_matches(user);
-    return ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v2.table_live) != 0;
+    return ptr != NULL && ddheap__load_relaxed(&ddheap_shared_v3.table_live) != 0;
 #endif
 }
 

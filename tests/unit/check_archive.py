@@ -33,6 +33,8 @@ def main():
     ap.add_argument("archive")
     ap.add_argument("--providers", required=True)
     ap.add_argument("--cpu", required=True)
+    ap.add_argument("--scheme", choices=["header", "tbi", "shadow"],
+                    help="check that the archive marks with this scheme")
     args = ap.parse_args()
     providers = [p for p in args.providers.split(",") if p]
     passed = failed = 0
@@ -65,8 +67,20 @@ def main():
             continue
         bad.append(name)
     check(not bad, "every global symbol is prefixed dd_/ddheap_" + (f" (not: {', '.join(sorted(set(bad)))})" if bad else ""))
-    unique = [l for l in symbols.splitlines() if l.endswith(" ddheap_shared_v2")]
-    check(any(" u " in l for l in unique), "ddheap_shared_v2 is a GNU unique symbol")
+    unique = [l for l in symbols.splitlines() if l.endswith(" ddheap_shared_v3")]
+    check(any(" u " in l for l in unique), "ddheap_shared_v3 is a GNU unique symbol")
+
+    # Each scheme's own cold-path entry points: a library built with the
+    # wrong ddheap/config.h would lack them (the shadow archive is built
+    # with a generated configuration of its own).
+    scheme_symbols = {"header": "ddheap_table_insert", "tbi": "ddheap_tbi_thread_ready_slow",
+                      "shadow": "ddheap_shadow_metadata_bytes"}
+    if args.scheme:
+        defined = {l.split()[-1] for l in symbols.splitlines() if len(l.split()) == 3}
+        for scheme, symbol in scheme_symbols.items():
+            want = scheme == args.scheme
+            check((symbol in defined) == want,
+                  f"{symbol} {'defined' if want else 'absent'}: {args.scheme} marking")
 
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -34,9 +34,13 @@ static void check_big_alignment(size_t alignment)
 #if DDHEAP_MARK_TBI
             /* aarch64 TBI: the pointer tag is the whole mark, no table entry */
             assert_int_equal((uintptr_t)user, (uintptr_t)raw | ((uintptr_t)DDHEAP__TAG << 56));
+#elif DDHEAP_MARK_SHADOW
+            /* the shadow bit is the whole mark, the pointer is untouched */
+            assert_ptr_equal(user, raw);
+            assert_int_equal(ddheap_test_live_marked(), 1);
 #else
             assert_ptr_equal(user, raw);
-            assert_true(ddheap_shared_v2.table_live > 0);
+            assert_true(ddheap_shared_v3.table_live > 0);
 #endif
         }
         memset(user, 0x11, size);
@@ -53,7 +57,7 @@ static void check_big_alignment(size_t alignment)
     assert_int_equal(rec.allocs, samples);
     assert_int_equal(rec.frees, samples);
     assert_int_equal(fake.live, 0);
-    assert_int_equal(ddheap_shared_v2.table_live, 0);
+    assert_int_equal(ddheap_shared_v3.table_live, 0);
     assert_int_equal(ddheap_test_live_marked(), 0);
     tracer_off();
 }
@@ -89,15 +93,17 @@ static void test_many_live_page_aligned_blocks(void **state)
         assert_non_null(p[i]);
         p[i][0] = (char)i;
     }
-    assert_int_equal(DDHEAP_MARK_TBI ? ddheap_test_live_marked() : ddheap_shared_v2.table_live, N);
+    assert_int_equal(DDHEAP_MARK_TBI || DDHEAP_MARK_SHADOW ? ddheap_test_live_marked()
+                                                          : ddheap_shared_v3.table_live,
+                     N);
     for (int i = N - 1; i >= 0; i -= 2)
         t_free_sized(p[i], 64, 4096);
     for (int i = N - 2; i >= 0; i -= 2)
         t_free(p[i]);
     assert_int_equal(rec.allocs, N);
     assert_int_equal(rec.frees, N);
-    assert_int_equal(ddheap_shared_v2.table_live, 0);
-    assert_int_equal(ddheap_shared_v2.table_overflow, 0);
+    assert_int_equal(ddheap_shared_v3.table_live, 0);
+    assert_int_equal(ddheap_shared_v3.table_overflow, 0);
     assert_int_equal(fake.live, 0);
     tracer_off();
 }
@@ -125,14 +131,15 @@ static void test_invalid_alignments_pass_through(void **state)
 }
 
 /* Small alignments carry a header of max(alignment, 16) bytes: the
- * per-block overhead docs/alignment.md states. */
+ * per-block overhead docs/alignment.md states (none for tags and shadow
+ * bits). */
 static void test_small_alignment_overhead(void **state)
 {
     (void)state;
     tracer_on(1);
     for (size_t a = 1; a < 4096; a *= 2) {
         dd_alloc_req_t req = dd_allocation_requested(100, a);
-        size_t expected = DDHEAP_MARK_TBI ? 0 : (a > 16 ? a : 16);
+        size_t expected = DDHEAP_MARK_TBI || DDHEAP_MARK_SHADOW ? 0 : (a > 16 ? a : 16);
         assert_int_equal(req.size - req.user_size, expected);
         t_free(dd_allocation_created(fake_raw_alloc(req.size, a), req));
     }

@@ -42,7 +42,7 @@ static void check_one(size_t alignment, size_t raw_offset, bool sized, size_t *i
     memset(user, 0x5a, size);
     if ((u & 4095) < DDHEAP__HEADER) {
         (*in_table)++; /* page rule: no header here, the table knows it */
-        assert_true(ddheap_shared_v2.table_live > 0);
+        assert_true(ddheap_shared_v3.table_live > 0);
     } else {
         assert_false(header_is_zero(user));
     }
@@ -73,7 +73,7 @@ static void test_header_invariants_every_alignment_and_offset(void **state)
     assert_int_equal(rec.frees, cases);
     assert_int_equal(fake.live, 0);
     assert_int_equal(ddheap_test_live_marked(), 0);
-    assert_int_equal(ddheap_shared_v2.table_live, 0);
+    assert_int_equal(ddheap_shared_v3.table_live, 0);
     tracer_off();
 }
 

@@ -18,6 +18,12 @@ for buildtype in debug release; do
   setup "$dir" -Dbuildtype=$buildtype -Dprof=enabled
   meson test -C "$dir" --print-errorlogs --num-processes 2
 done
+# Shadow marking: the in-process libc interposition (dd_heap_interpose_libc,
+# tests/interpose) works only there; the unit suite covers it, the preload
+# library is shadow in every build and is traced by the builds above.
+dir=build-ci/native-shadow
+setup "$dir" -Dmarking=shadow
+meson test -C "$dir" --print-errorlogs --num-processes 2 --suite unit
 dir=build-ci/native-nolive-otel
 setup "$dir" -Dlive_heap=false -Dproviders=otel_memory -Dbench=false -Dexamples=false
 meson test -C "$dir" --print-errorlogs --suite options

@@ -1,7 +1,7 @@
 # aarch64 under qemu-user: the whole suite except 'tracer' (bpftrace cannot
 # trace a program that qemu-aarch64 runs: the uprobes would land in qemu's
-# own code) in both marking schemes, pointer tag (the default on aarch64)
-# and header, so a change to either scheme or to the shared core is tested
+# own code) in the three marking schemes, pointer tag (the default on
+# aarch64), header and shadow, so a change to any scheme or to the shared core is tested
 # on the architecture it was written for. The TBI build also runs in the
 # release build type: the probe notes and the inlined fast path must hold
 # at -O2 as well as at -O0. Like the native stage, one more build turns the
@@ -27,10 +27,11 @@ seconds() { printf '%d.%d s' $(($1 / 1000)) $(($1 % 1000 / 100)); }
 
 # name | meson options | meson test selection
 variants=(
-  "tbi-debug|-Dbuildtype=debug -Darm64_marking=tbi|--no-suite tracer"
-  "tbi-release|-Dbuildtype=release -Darm64_marking=tbi|--no-suite tracer"
-  "header-debug|-Dbuildtype=debug -Darm64_marking=header|--no-suite tracer"
-  "tbi-options|-Dbuildtype=debug -Darm64_marking=tbi -Dlive_heap=false -Dproviders=otel_memory|--suite options"
+  "tbi-debug|-Dbuildtype=debug -Dmarking=tbi|--no-suite tracer"
+  "tbi-release|-Dbuildtype=release -Dmarking=tbi|--no-suite tracer"
+  "header-debug|-Dbuildtype=debug -Dmarking=header|--no-suite tracer"
+  "shadow-debug|-Dbuildtype=debug -Dmarking=shadow|--no-suite tracer"
+  "tbi-options|-Dbuildtype=debug -Dmarking=tbi -Dlive_heap=false -Dproviders=otel_memory|--suite options"
 )
 
 for spec in "${variants[@]}"; do

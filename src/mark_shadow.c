@@ -1,0 +1,290 @@
+/*
+ * Shadow marking (-Dmarking=shadow): pointers and sizes pass through
+ * unchanged, and "a sampled block starts at this address" is one bit beside
+ * the heap. The general operations of the contract (mark.h); the quick ones,
+ * and the layout of a word, are in mark_shadow.h.
+ *
+ * Structure, all of it in ddheap_shared_v3 (one per process, every copy of
+ * the library sees the same bits) or mapped from it:
+ *
+ *  - tables of 64-bit words, level k holding 2^(11+k) lines of 8 words
+ *    (level 0: 128 KiB), each mapped with mmap the first time a mark finds
+ *    no room in the levels before it, and installed with one
+ *    compare-and-swap (the loser of a race unmaps its copy). A span's words
+ *    live in one line per level, chosen by a hash of the span. At most
+ *    DDHEAP__SHADOW_LEVELS levels: a mark that finds no room anywhere
+ *    leaves its block unsampled and counts it in shadow_overflow.
+ *  - the summary: a saturating counter per residue of the address's bits
+ *    12..31, raised before a bit is set and lowered after it is cleared.
+ *    The inline free path reads only the live count and this byte; a zero
+ *    sends the free straight to the real allocator.
+ *
+ * Why this shape (docs/design.md, "Shadow marking"): the bit and the span
+ * it belongs to share one word, so set and test-and-clear are single
+ * compare-and-swaps that can never touch another block's bit, and a word
+ * is free again as soon as its bits are clear. Nothing has to be reclaimed,
+ * so a heap that wanders across the address space reuses the same words,
+ * and memory is bounded by the peak number of live sampled blocks, not by
+ * how much address space they ever covered. A hash table of words also
+ * costs about 8 bytes per live block where a radix tree would pay at least
+ * a 64-byte leaf per touched page plus its pointers.
+ *
+ * Hazards: everything here may run inside a malloc, in a signal handler or
+ * in a child just forked: lock-free atomics and mmap only, errno kept.
+ */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, mincore */
+#include "mark.h"
+
+#include <errno.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#if DDHEAP_MARK_SHADOW
+
+static size_t level_bytes(unsigned k)
+{
+    return ((size_t)1 << (DDHEAP_SHADOW_LEVEL0_LINES_SHIFT + k)) * DDHEAP_SHADOW_LINE_WORDS *
+           sizeof(uint64_t);
+}
+
+void ddheap_shadow_process_init(void)
+{
+    /* Both calls fail (length 0) without touching anything, but bind the
+     * symbols now, so lazy binding never runs inside a cold path. */
+    void *p = mmap(NULL, 0, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED)
+        (void)munmap(p, 0);
+    (void)munmap(NULL, 0);
+}
+
+/* Level k, mapping it if it does not exist yet; NULL if it cannot be. */
+static uint64_t *install_level(unsigned k)
+{
+    uint64_t **slot = &ddheap_shared_v3.shadow_levels[k];
+    uint64_t *current = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (current)
+        return current;
+    if (k == 0) {
+        /* The first mark of the process, in any copy: open every copy's
+         * free gate before any bit can be set (shared.c). Level 0 being
+         * mapped is what the quick paths take as "the gates are open". */
+        ddheap_ensure_keys();
+    }
+    size_t bytes = level_bytes(k);
+    void *fresh = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (fresh == MAP_FAILED)
+        return NULL;
+    uint64_t *expected = NULL;
+    if (!__atomic_compare_exchange_n(slot, &expected, (uint64_t *)fresh, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE)) {
+        (void)munmap(fresh, bytes); /* another thread (or copy) won */
+        return expected;
+    }
+    return (uint64_t *)fresh;
+}
+
+enum scan_result { SCAN_STALE, SCAN_CANDIDATE, SCAN_FULL };
+
+/* Looks at the span's line in every mapped level: whether the bit is set
+ * already (a stale mark), else the word to set it in (a word of the same
+ * span first, else the first empty word), with the value seen there. */
+static enum scan_result scan_for_mark(uint64_t span, uint64_t bit, uint64_t **target,
+                                      uint64_t *seen)
+{
+    uint64_t *empty = NULL, empty_seen = 0;
+    *target = NULL;
+    for (unsigned k = 0; k < DDHEAP__SHADOW_LEVELS; k++) {
+        uint64_t *level = ddheap_shadow_level(k);
+        if (level == NULL)
+            break;
+        uint64_t *line = ddheap_shadow_line(level, k, span);
+        for (unsigned i = 0; i < DDHEAP_SHADOW_LINE_WORDS; i++) {
+            uint64_t w = __atomic_load_n(&line[i], __ATOMIC_RELAXED);
+            if ((w & DDHEAP_SHADOW_SLOTS) == 0) {
+                if (empty == NULL) {
+                    empty = &line[i];
+                    empty_seen = w;
+                }
+            } else if ((w >> 16) == span) {
+                if (w & bit)
+                    return SCAN_STALE;
+                if (*target == NULL) {
+                    *target = &line[i];
+                    *seen = w;
+                }
+            }
+        }
+    }
+    if (*target == NULL && empty != NULL) {
+        *target = empty;
+        *seen = empty_seen;
+    }
+    return *target ? SCAN_CANDIDATE : SCAN_FULL;
+}
+
+/* Sets the bit of `address`. 1: set; 0: it was set already (a sampled
+ * block at this address was freed without ddheap); -1: no room. */
+static int set_bit(uintptr_t address)
+{
+    uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
+    uint64_t bit = ddheap_shadow_bit(address);
+    ddheap_shadow_count(address, 1);
+    for (;;) {
+        uint64_t *target, seen;
+        enum scan_result r = scan_for_mark(span, bit, &target, &seen);
+        if (r == SCAN_STALE) {
+            ddheap_shadow_count(address, -1); /* counted when it was set */
+            return 0;
+        }
+        if (r == SCAN_FULL) {
+            unsigned mapped = ddheap_shadow_levels_mapped();
+            if (mapped < DDHEAP__SHADOW_LEVELS && install_level(mapped) != NULL)
+                continue;
+            ddheap_shadow_count(address, -1);
+            __atomic_add_fetch(&ddheap_shared_v3.shadow_overflow, 1, __ATOMIC_RELAXED);
+            return -1;
+        }
+        uint64_t next = (seen & DDHEAP_SHADOW_SLOTS) ? (seen | bit) : (span << 16 | bit);
+        if (__atomic_compare_exchange_n(target, &seen, next, false, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+            return 1;
+        /* the word changed under us: look again */
+    }
+}
+
+void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
+{
+    uintptr_t address = (uintptr_t)raw;
+    /* A bit says one thing, "sampled and reported": no room for an offset
+     * or extra bytes (mark_extra never asks for any). */
+    if (offset != 0 || extra != 0 || !reported || !ddheap_shadow_markable(address))
+        return NULL;
+    int saved_errno = errno;
+    int outcome = -1;
+    if (install_level(0) != NULL)
+        outcome = set_bit(address);
+    errno = saved_errno;
+    if (outcome < 0)
+        return NULL;
+    if (outcome == 0) {
+        /* The block that left this bit was freed behind ddheap's back (an
+         * unhooked free, docs/probes.md): its free is reported now, before
+         * the new block's alloc, so a consumer's stream stays balanced. The
+         * bit stays set, now for the new block. */
+        (void)ddheap_fire_free(address, raw, 0);
+    }
+    return raw;
+}
+
+/* Clears the bit of `address` in whichever mapped level holds it; false
+ * if none does. */
+static bool clear_bit(uintptr_t address)
+{
+    uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
+    uint64_t bit = ddheap_shadow_bit(address);
+    for (unsigned k = 0; k < DDHEAP__SHADOW_LEVELS; k++) {
+        uint64_t *level = ddheap_shadow_level(k);
+        if (level == NULL)
+            break;
+        if (ddheap_shadow_clear_in_line(ddheap_shadow_line(level, k, span), span, bit))
+            return true;
+    }
+    return false;
+}
+
+bool ddheap_mark_lookup(void *user, struct ddheap_mark *out)
+{
+    uintptr_t address = (uintptr_t)user;
+    if (!ddheap_shadow_markable(address))
+        return false;
+    uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
+    uint64_t bit = ddheap_shadow_bit(address);
+    for (unsigned k = 0; k < DDHEAP__SHADOW_LEVELS; k++) {
+        uint64_t *level = ddheap_shadow_level(k);
+        if (level == NULL)
+            break;
+        uint64_t *line = ddheap_shadow_line(level, k, span);
+        for (unsigned i = 0; i < DDHEAP_SHADOW_LINE_WORDS; i++) {
+            uint64_t w = __atomic_load_n(&line[i], __ATOMIC_RELAXED);
+            if ((w >> 16) == span && (w & bit)) {
+                out->raw = user;
+                out->extra = 0;
+                out->offset = 0;
+                out->reported = true;
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+bool ddheap_unmark(void *user, struct ddheap_mark *out)
+{
+    uintptr_t address = (uintptr_t)user;
+    if (!ddheap_shadow_markable(address) || !clear_bit(address))
+        return false;
+    ddheap_shadow_unmarked(user, out);
+    return true;
+}
+
+int ddheap_mark_thread_status(const struct ddheap__thread *t)
+{
+    (void)t;
+    return DD_HEAP_THREAD_SAMPLING_READY;
+}
+
+/* No tagging to fail. */
+void ddheap_test_fail_tagging(bool fail)
+{
+    (void)fail;
+}
+
+unsigned ddheap_shadow_levels_mapped(void)
+{
+    unsigned k = 0;
+    while (k < DDHEAP__SHADOW_LEVELS && ddheap_shadow_level(k) != NULL)
+        k++;
+    return k;
+}
+
+/* Resident bytes of [start, start + bytes), page-aligned outward. */
+static size_t resident_bytes(const void *start, size_t bytes)
+{
+    long page_size = sysconf(_SC_PAGESIZE);
+    size_t page = page_size > 0 ? (size_t)page_size : DDHEAP__PAGE;
+    uintptr_t first = (uintptr_t)start & ~(uintptr_t)(page - 1);
+    uintptr_t end = ((uintptr_t)start + bytes + page - 1) & ~(uintptr_t)(page - 1);
+    size_t resident = 0;
+    unsigned char vec[256];
+    for (uintptr_t at = first; at < end;) {
+        size_t pages = (end - at) / page;
+        if (pages > sizeof vec)
+            pages = sizeof vec;
+        if (mincore((void *)at, pages * page, vec) != 0)
+            return resident;
+        for (size_t i = 0; i < pages; i++)
+            resident += (vec[i] & 1) ? page : 0;
+        at += pages * page;
+    }
+    return resident;
+}
+
+size_t ddheap_shadow_metadata_bytes(size_t *mapped)
+{
+    size_t total_mapped = 0, resident = 0;
+    for (unsigned k = 0; k < DDHEAP__SHADOW_LEVELS; k++) {
+        uint64_t *level = ddheap_shadow_level(k);
+        if (level == NULL)
+            break;
+        total_mapped += level_bytes(k);
+        resident += resident_bytes(level, level_bytes(k));
+    }
+    resident += resident_bytes(ddheap_shared_v3.shadow_summary,
+                               sizeof ddheap_shared_v3.shadow_summary);
+    if (mapped)
+        *mapped = total_mapped;
+    return resident;
+}
+
+#endif /* DDHEAP_MARK_SHADOW */
