@@ -505,7 +505,12 @@ static bool child_events(struct prof *p, int *status, bool *exec_seen)
             continue;
         int event = st >> 16, sig = WSTOPSIG(st);
         if (event == PTRACE_EVENT_EXEC) {
-            /* Not one instruction of the new image has run. */
+            /* Not one instruction of the new image has run. The old
+             * image's objects are gone with it; forget them unless a
+             * stack already points into them (the first mapping is what
+             * pprof takes for the main binary). */
+            if (p->table.allocs == 0)
+                dd_prof_objects_free(&p->objs);
             if (rescan(p) >= 0)
                 attach_needed_libraries(p);
             p->interval = interval_of(p->pid);
