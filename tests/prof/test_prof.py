@@ -262,6 +262,9 @@ def test_exact(c, prof, workload, artifacts, extra):
     c.check("(otel_memory:alloc, free)" in err, "attached through otel_memory at the second exec")
     c.check(any("interval 1" in x for x in raw["comments"]),
             f"interval read from the program's environment: {raw['comments'][:1]}")
+    first = raw["mappings"][0]["file"] if raw["mappings"] else None
+    c.check(first and os.path.realpath(first) == os.path.realpath(workload),
+            f"the first mapping (pprof's main binary) is the workload, not env: {first}")
     c.check("LOST" not in err, f"no lost events ({err.strip().splitlines()[-2:]})")
     got = {t: per_site(raw, t) for t in raw["types"]}
     for site in SITES:
