@@ -70,9 +70,13 @@ def read_raw(profile):
         elif section == "locs":
             m = re.match(r"^\s*(\d+): (0x[0-9a-f]+) M=(\d+) (\S+) (\S+) s=\d+$", line)
             if m:
-                out["locs"][int(m.group(1))] = {"addr": int(m.group(2), 16),
-                                                "mapping": int(m.group(3)),
-                                                "function": m.group(4), "file": m.group(5)}
+                last = out["locs"][int(m.group(1))] = {
+                    "addr": int(m.group(2), 16), "mapping": int(m.group(3)),
+                    "function": m.group(4), "file": m.group(5), "functions": [m.group(4)]}
+            else:  # a function the previous location's code was inlined into
+                m = re.match(r"^\s+(\S+) (\S+) s=\d+$", line)
+                if m:
+                    last["functions"].append(m.group(1))
         elif section == "maps":
             m = re.match(r"^(\d+): (0x[0-9a-f]+)/(0x[0-9a-f]+)/(0x[0-9a-f]+) (\S+) ?(\S*)", line)
             if m:
@@ -85,12 +89,12 @@ def read_raw(profile):
 
 def per_site(raw, sample_type):
     """Sum of one sample type per workload call site (the innermost frame
-    named site_*); '?' for stacks that name none."""
+    named site_*, inlined ones included); '?' for stacks that name none."""
     k = raw["types"].index(sample_type)
     sums = {}
     for values, ids in raw["samples"]:
-        site = next((raw["locs"][i]["function"] for i in ids
-                     if raw["locs"][i]["function"].startswith("site_")), "?")
+        site = next((f for i in ids for f in raw["locs"][i]["functions"]
+                     if f.startswith("site_")), "?")
         sums[site] = sums.get(site, 0) + values[k]
     return sums
 
@@ -607,7 +611,34 @@ def test_preload(c, prof, workload, artifacts, extra):
                 f"{site}: alloc_space, alloc_objects, inuse_space, inuse_objects")
 
 
-TESTS = {"sigint": test_sigint, "duration": test_duration, "preload": test_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
+def test_inline(c, prof, workload, artifacts, extra):
+    """A helper always inlined into its call site (-O2 -g): the location
+    of the return address carries two lines, the helper inlined into the
+    site, each with its own file:line; the folded stacks show the helper
+    below the site; at R = 1 the values equal the truth."""
+    (program,) = extra
+    truth, raw, err, paths = run_cmd(prof, [], [program, "{truth}", "500"],
+                                     {"DD_HEAP_SAMPLING_INTERVAL": "1"}, artifacts, "inline")
+    text = pprof(paths["pb"], "-raw")
+    m = re.search(r"^\s*\d+: 0x[0-9a-f]+ M=\d+ inlined_helper (\S+) s=\d+\n"
+                  r"\s+site_with_inlined_helper (\S+) s=\d+$", text, re.M)
+    c.check(m is not None, "a location with inlined_helper inlined into site_with_inlined_helper")
+    if m:
+        c.check(re.search(r"inline_main\.c:\d+$", m.group(1)) and
+                re.search(r"inline_main\.c:\d+$", m.group(2)) and m.group(1) != m.group(2),
+                f"each with its own line: {m.group(1)}, {m.group(2)}")
+    with open(paths["folded"]) as f:
+        folded = f.read()
+    c.check(";site_with_inlined_helper;inlined_helper;" in folded,
+            f"folded: the helper below the site ({folded.strip()[:200]})")
+    got = {t: per_site(raw, t) for t in raw["types"]}
+    t = truth["site"]["site_with_inlined_helper"]
+    site = "site_with_inlined_helper"
+    c.equal((got["alloc_space"].get(site, 0), got["inuse_objects"].get(site, 0)),
+            (t["alloc_bytes"], t["live_count"]), "alloc_space and inuse_objects of the site")
+
+
+TESTS = {"inline": test_inline, "sigint": test_sigint, "duration": test_duration, "preload": test_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
          "lost": test_lost, "errors": test_errors}
 
 

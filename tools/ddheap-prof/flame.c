@@ -33,9 +33,9 @@ struct merged {
     size_t cap;
 };
 
-static const char *frame_name(const struct dd_prof_report *r, uint32_t loc)
+static const char *function_name(const struct dd_prof_report *r, uint32_t fn)
 {
-    return r->strings.v[r->funcs[r->locs[loc].function].name];
+    return r->strings.v[r->funcs[fn].name];
 }
 
 static int merge(struct merged *m, const struct dd_prof_report *r, enum dd_prof_value v)
@@ -46,8 +46,15 @@ static int merge(struct merged *m, const struct dd_prof_report *r, enum dd_prof_
     for (size_t i = 0; i < r->nstacks; i++) {
         const struct dd_prof_resolved *s = &r->stacks[i];
         size_t len = 0;
-        for (uint32_t k = s->n; k-- > 0;) {
-            const char *name = frame_name(r, s->locs[k]);
+        /* Root first: outer locations first, and within a location the
+         * frame's own function before what was inlined into it. */
+        for (uint32_t k = s->n, j = 0; k > 0;) {
+            const struct dd_prof_location *l = &r->locs[s->locs[k - 1]];
+            const char *name = function_name(r, l->function[l->n - 1 - j]);
+            if (++j == l->n) {
+                j = 0;
+                k--;
+            }
             size_t n = strlen(name);
             if (len + n + 2 > cap) {
                 cap = 2 * (len + n + 2);

@@ -93,8 +93,8 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     uint64_t **loc_ids = calloc(ns + 1, sizeof *loc_ids);
     DdheapPprof__Location *locs = calloc(nl + 1, sizeof *locs);
     DdheapPprof__Location **locp = calloc(nl + 1, sizeof *locp);
-    DdheapPprof__Line *lines = calloc(nl + 1, sizeof *lines);
-    DdheapPprof__Line **linep = calloc(nl + 1, sizeof *linep);
+    DdheapPprof__Line *lines = calloc((nl + 1) * DD_PROF_MAX_INLINE, sizeof *lines);
+    DdheapPprof__Line **linep = calloc((nl + 1) * DD_PROF_MAX_INLINE, sizeof *linep);
     DdheapPprof__Function *funcs = calloc(nf + 1, sizeof *funcs);
     DdheapPprof__Function **funcp = calloc(nf + 1, sizeof *funcp);
     DdheapPprof__Mapping *maps = calloc(nm + 1, sizeof *maps);
@@ -121,6 +121,7 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
         m->has_functions = true; /* symbolised here: pprof must not try again */
         m->has_filenames = r->any_lines;
         m->has_line_numbers = r->any_lines;
+        m->has_inline_frames = true; /* expanded where DWARF scopes say */
         mapp[n_maps++] = m;
     }
     prof.n_mapping = n_maps;
@@ -139,15 +140,19 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     for (size_t i = 0; i < nl; i++) {
         const struct dd_prof_location *l = &r->locs[i];
         ddheap_pprof__location__init(&locs[i]);
-        ddheap_pprof__line__init(&lines[i]);
         locs[i].id = i + 1;
         locs[i].mapping_id = l->object >= 0 ? (uint64_t)l->object + 1 : 0;
         locs[i].address = l->addr;
-        lines[i].function_id = l->function + 1;
-        lines[i].line = l->line;
-        linep[i] = &lines[i];
-        locs[i].n_line = 1;
-        locs[i].line = &linep[i];
+        /* pprof's order too: inlined functions first, the caller last. */
+        for (unsigned k = 0; k < l->n; k++) {
+            size_t at = i * DD_PROF_MAX_INLINE + k;
+            ddheap_pprof__line__init(&lines[at]);
+            lines[at].function_id = l->function[k] + 1;
+            lines[at].line = l->line[k];
+            linep[at] = &lines[at];
+        }
+        locs[i].n_line = l->n;
+        locs[i].line = &linep[i * DD_PROF_MAX_INLINE];
         locp[i] = &locs[i];
     }
     prof.n_location = nl;

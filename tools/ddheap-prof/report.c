@@ -12,6 +12,26 @@ static bool is_ddheap_frame(const char *f)
            strncmp(f, "dd_allocation_", 14) == 0;
 }
 
+/* The function with this name and file, added if new; -1 if out of
+ * memory. */
+static long function_of(struct dd_prof_report *r, const char *name, const char *file)
+{
+    long n = dd_prof_strings_intern(&r->strings, name);
+    long f = dd_prof_strings_intern(&r->strings, file ? file : "");
+    if (n < 0 || f < 0)
+        return -1;
+    int added;
+    long fn = dd_prof_keys_intern(&r->func_keys, (uint64_t)n << 32 | (uint64_t)f, &added);
+    if (fn < 0 || !added)
+        return fn;
+    struct dd_prof_function *grown = realloc(r->funcs, r->func_keys.cap * sizeof *grown);
+    if (grown == NULL)
+        return -1;
+    r->funcs = grown;
+    r->funcs[fn] = (struct dd_prof_function){(uint32_t)n, (uint32_t)f};
+    return fn;
+}
+
 /* The location of addr, resolved when first seen; -1 if out of memory. */
 static long location_of(struct dd_prof_report *r, struct dd_prof_symbolizer *sym,
                         const struct dd_prof_objects *objs, uint64_t addr, bool return_address)
@@ -26,24 +46,25 @@ static long location_of(struct dd_prof_report *r, struct dd_prof_symbolizer *sym
     r->locs = grown;
     struct dd_prof_frame f;
     dd_prof_symbolize(sym, addr, return_address, &f);
-    long name = dd_prof_strings_intern(&r->strings, f.function);
-    long file = dd_prof_strings_intern(&r->strings, f.file ? f.file : "");
-    if (name < 0 || file < 0)
-        return -1;
-    long fn = dd_prof_keys_intern(&r->func_keys, (uint64_t)name << 32 | (uint64_t)file, &added);
-    if (fn < 0)
-        return -1;
-    if (added) {
-        struct dd_prof_function *fg = realloc(r->funcs, r->func_keys.cap * sizeof *fg);
-        if (fg == NULL)
+    struct dd_prof_location *l = &r->locs[i];
+    l->addr = addr;
+    l->object = f.object ? (long)(f.object - objs->v) : -1;
+    /* ddheap's hooks inlined into the allocator are left off too: the
+     * location starts at the allocator's own line of the call. */
+    unsigned skip = 0;
+    while (skip + 1 < f.n && is_ddheap_frame(f.fn[skip].function))
+        skip++;
+    l->n = f.n - skip;
+    for (unsigned k = 0; k < l->n; k++) {
+        const struct dd_prof_function_at *at = &f.fn[skip + k];
+        long fn = function_of(r, at->function, at->file);
+        if (fn < 0)
             return -1;
-        r->funcs = fg;
-        r->funcs[fn] = (struct dd_prof_function){(uint32_t)name, (uint32_t)file};
+        l->function[k] = (uint32_t)fn;
+        l->line[k] = at->line;
+        if (at->file)
+            r->any_lines = true;
     }
-    r->locs[i] = (struct dd_prof_location){addr, f.object ? (long)(f.object - objs->v) : -1,
-                                           (uint32_t)fn, f.line};
-    if (f.file)
-        r->any_lines = true;
     return i;
 }
 
@@ -72,7 +93,8 @@ int dd_prof_report_build(struct dd_prof_report *r, const struct dd_prof_table *t
             if (loc < 0)
                 goto fail;
             out->locs[out->n++] = (uint32_t)loc;
-            if (is_ddheap_frame(r->strings.v[r->funcs[r->locs[loc].function].name]))
+            const struct dd_prof_location *l = &r->locs[loc];
+            if (is_ddheap_frame(r->strings.v[r->funcs[l->function[l->n - 1]].name]))
                 keep_from = (long)k + 1;
         }
         if (keep_from > 0 && keep_from < (long)out->n) {

@@ -10,13 +10,17 @@
 
 #include "intern.h"
 #include "objects.h"
+#include "symbolize.h"
 #include "table.h"
 
 struct dd_prof_location {
     uint64_t addr;
     long object; /* index into the objects, -1 if unmapped */
-    uint32_t function;
-    int line;
+    /* As in dd_prof_frame: innermost inlined function first, the frame's
+     * own function last (function[n - 1]). */
+    uint32_t function[DD_PROF_MAX_INLINE];
+    int line[DD_PROF_MAX_INLINE];
+    unsigned n;
 };
 
 struct dd_prof_function {

@@ -7,6 +7,8 @@
  */
 #include "symbolize.h"
 
+#include <dwarf.h>
+#include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -101,36 +103,74 @@ static const char *base_name(const char *path)
     return slash ? slash + 1 : path;
 }
 
+/* The inlined calls at `at`, innermost first, into out->fn[0..] (names
+ * and call lines), ahead of the real function, which the caller puts
+ * last. Returns how many were added. */
+static unsigned inlined_at(Dwfl_Module *mod, Dwarf_Addr at, struct dd_prof_frame *out)
+{
+    Dwarf_Addr bias;
+    Dwarf_Die *cu = dwfl_module_addrdie(mod, at, &bias);
+    Dwarf_Die *scopes = NULL;
+    int n = cu ? dwarf_getscopes(cu, at - bias, &scopes) : 0;
+    Dwarf_Files *files = NULL;
+    size_t nfiles = 0;
+    if (n > 0 && dwarf_getsrcfiles(cu, &files, &nfiles) != 0)
+        files = NULL;
+    unsigned k = 0;
+    /* Each inlined subroutine scope is one inlined call; its call line
+     * is where the next function out (the one it was inlined into) is. */
+    for (int i = 0; i < n && k + 1 < DD_PROF_MAX_INLINE; i++) {
+        if (dwarf_tag(&scopes[i]) != DW_TAG_inlined_subroutine)
+            continue;
+        const char *name = dwarf_diename(&scopes[i]);
+        out->fn[k].function = name ? name : "[inlined]";
+        Dwarf_Attribute attr;
+        Dwarf_Word file = 0, line = 0;
+        dwarf_formudata(dwarf_attr(&scopes[i], DW_AT_call_file, &attr), &file);
+        dwarf_formudata(dwarf_attr(&scopes[i], DW_AT_call_line, &attr), &line);
+        /* The caller's position, filled into the next entry. */
+        out->fn[k + 1].file = files && file < nfiles ? dwarf_filesrc(files, file, NULL, NULL) : NULL;
+        out->fn[k + 1].line = (int)line;
+        k++;
+    }
+    free(scopes);
+    return k;
+}
+
 void dd_prof_symbolize(struct dd_prof_symbolizer *s, uint64_t addr, bool return_address,
                        struct dd_prof_frame *out)
 {
     memset(out, 0, sizeof *out);
-    out->function = "[unknown]";
+    out->n = 1;
+    out->fn[0].function = "[unknown]";
     const struct dd_prof_object *o = dd_prof_objects_find(s->objs, addr);
     out->object = o;
     if (o == NULL)
         return;
     uint64_t at = return_address && addr > 0 ? addr - 1 : addr;
     struct module *m = module_of(s, o);
-    const char *name = m ? dwfl_module_addrname(m->mod, at) : NULL;
-    if (name) {
-        out->function = name;
-        out->known = true;
-    } else {
-        char *made = NULL;
-        if (asprintf(&made, "%s+0x%" PRIx64, base_name(o->path), at - o->bias) < 0)
-            made = NULL;
-        out->function = keep_name(s, made);
-    }
+    unsigned k = m ? inlined_at(m->mod, at, out) : 0;
+    out->n = k + 1;
+    /* The code at the address: its own line, whichever function it is. */
     Dwfl_Line *line = m ? dwfl_module_getsrc(m->mod, at) : NULL;
     if (line) {
         int lineno = 0;
         const char *file = dwfl_lineinfo(line, NULL, &lineno, NULL, NULL, NULL);
         if (file) {
-            out->file = file;
-            out->line = lineno;
+            out->fn[0].file = file;
+            out->fn[0].line = lineno;
         }
+    } else {
+        out->fn[0].file = NULL;
     }
+    const char *name = m ? dwfl_module_addrname(m->mod, at) : NULL;
+    if (name == NULL) {
+        char *made = NULL;
+        if (asprintf(&made, "%s+0x%" PRIx64, base_name(o->path), at - o->bias) < 0)
+            made = NULL;
+        name = keep_name(s, made);
+    }
+    out->fn[k].function = name;
 }
 
 void dd_prof_symbolizer_free(struct dd_prof_symbolizer *s)

@@ -1,6 +1,7 @@
 /*
  * Turning the addresses of a stack into function names (and file:line
- * where the object has DWARF line tables), from the ELF files of the
+ * where the object has DWARF line tables, with the functions inlined at
+ * the address where it has DWARF scopes), from the ELF files of the
  * objects recorded while the process lived (objects.h): it works after
  * the process has exited. Uses elfutils' libdwfl: the symbol table for
  * names, debug info (in the file or found by build id / debuglink) for
@@ -11,12 +12,23 @@
 
 #include "objects.h"
 
-struct dd_prof_frame {
+/* Functions inlined into one another at an address, at most this many. */
+#define DD_PROF_MAX_INLINE 8
+
+struct dd_prof_function_at {
     const char *function; /* never NULL: "[unknown]" or "object+0xoff" */
     const char *file;     /* NULL without line info */
     int line;
+};
+
+struct dd_prof_frame {
+    /* Innermost first: fn[0] is the code at the address (its line), each
+     * next one the function it was inlined into (at the line of the
+     * inlined call); fn[n - 1] is the function the frame really is, named
+     * from the symbol table. n >= 1. */
+    struct dd_prof_function_at fn[DD_PROF_MAX_INLINE];
+    unsigned n;
     const struct dd_prof_object *object; /* NULL if no recorded mapping has addr */
-    bool known;                          /* function comes from a symbol */
 };
 
 struct dd_prof_symbolizer;
