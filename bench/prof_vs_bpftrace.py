@@ -3,12 +3,14 @@
 workload (bench/e2e.c), at the same sampling intervals, in one run.
 
     sudo bench/prof_vs_bpftrace.py BUILD_DIR [--count N] [--intervals 524288,32768,4096]
+                                   [--reps 3]
 
 BUILD_DIR must hold bench/dd_bench_e2e and tools/ddheap-prof/ddheap-prof
 (e.g. a release build: meson setup build-rel -Dbuildtype=release). For each
 interval, three runs of the same allocation sequence: no tracer, ddheap-prof
 -p, bpftrace -p (each tracer attached before the loop starts: e2e waits for
-the probe's semaphore, so attaching is never timed). Reported per run:
+the probe's semaphore, so attaching is never timed), repeated --reps times
+in turn; each row is the run with the median loop time. Reported:
 
   loop ms      the e2e loop's wall time, and its overhead against no tracer
   events/s     alloc + free events the tracer received per second of loop
@@ -71,35 +73,48 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--count", type=int, default=5000000)
     ap.add_argument("--intervals", default="524288,32768,4096")
+    ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     e2e = os.path.join(a.build, "bench", "dd_bench_e2e")
     prof = os.path.join(a.build, "tools", "ddheap-prof", "ddheap-prof")
     live = os.path.join(ROOT, "tools", "ddheap-live.bt")
     out_pb = f"/tmp/ddheap-bench-{os.getpid()}.pb.gz"
     rows = []
+
+    def prof_cmd(pid):
+        return [prof, "-p", str(pid), "-o", out_pb]
+
+    def bpftrace_cmd(pid):
+        return ["bpftrace", live, e2e, "1", "-p", str(pid)]
+
     for interval in [int(x) for x in a.intervals.split(",")]:
-        base, _, _ = wait_tracer_run(e2e, a.count, interval, None)
-        rows.append((interval, "no tracer", base, None, None, None, None))
-        ns, text, ru = wait_tracer_run(e2e, a.count, interval,
-                                       lambda pid: [prof, "-p", str(pid), "-o", out_pb])
+        runs = {"none": [], "prof": [], "bt": []}
+        for _ in range(a.reps):
+            runs["none"].append(wait_tracer_run(e2e, a.count, interval, None))
+            runs["prof"].append(wait_tracer_run(e2e, a.count, interval, prof_cmd))
+            runs["bt"].append(wait_tracer_run(e2e, a.count, interval, bpftrace_cmd))
+
+        def median(kind):
+            return sorted(runs[kind], key=lambda r: r[0])[len(runs[kind]) // 2]
+        base = median("none")
+        rows.append((interval, "no tracer", base[0], None, None, None))
+        ns, text, ru = median("prof")
         m = re.search(r"alloc events (\d+), free events (\d+)", text)
-        lost = re.search(r"lost events: (\d+)", text) or re.search(r"LOST (\d+)", text)
+        lost = re.search(r"LOST (\d+)", text)
         events = int(m.group(1)) + int(m.group(2)) if m else 0
-        n_lost = int(lost.group(1)) if lost else 0
-        rows.append((interval, "ddheap-prof", ns, events, n_lost, ru, None))
-        ns_bt, text_bt, ru_bt = wait_tracer_run(
-            e2e, a.count, interval, lambda pid: ["bpftrace", live, e2e, "1", "-p", str(pid)])
-        rows.append((interval, "bpftrace ddheap-live.bt", ns_bt, events, None, ru_bt, None))
+        rows.append((interval, "ddheap-prof", ns, events, int(lost.group(1)) if lost else 0, ru))
+        ns_bt, _, ru_bt = median("bt")
+        rows.append((interval, "bpftrace ddheap-live.bt", ns_bt, events, None, ru_bt))
         print(f"interval {interval}: done", file=sys.stderr, flush=True)
     if os.path.exists(out_pb):
         os.unlink(out_pb)
 
     print(f"e2e: {a.count} allocations of 16..4096 bytes through a FIFO window of 1000, "
-          f"`{os.path.basename(e2e)} --mode ddheap`\n")
+          f"`{os.path.basename(e2e)} --mode ddheap`; median of {a.reps} runs\n")
     print("| interval | tracer | loop ms | overhead | events/s | lost | tracer CPU s | max RSS MiB |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     base_of = {r[0]: r[2] for r in rows if r[1] == "no tracer"}
-    for interval, tool, ns, events, lost, ru, _ in rows:
+    for interval, tool, ns, events, lost, ru in rows:
         over = "" if tool == "no tracer" else f"{100 * (ns / base_of[interval] - 1):+.1f}%"
         eps = "" if events is None else f"{events / (ns / 1e9):,.0f}"
         if tool.startswith("bpftrace") and events is not None:

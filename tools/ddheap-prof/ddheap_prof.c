@@ -273,8 +273,9 @@ static int rescan(struct prof *p)
     for (size_t i = 0; i < p->objs.n; i++) {
         struct dd_prof_object *o = &p->objs.v[i];
         if ((o->probes & DD_PROF_HAS_ALLOC) && !o->attached) {
-            if (attach_file(p, o->path, o->dev, o->ino, o->probes) != 0)
-                return -1;
+            /* Tried once: a failure is reported, the other objects are
+             * still profiled. */
+            attach_file(p, o->path, o->dev, o->ino, o->probes);
             o->attached = true;
         }
     }
@@ -677,9 +678,21 @@ static int setup_bpf(struct prof *p)
     return 0;
 }
 
+/* Gone, or a zombie: it allocates nothing any more either way. */
 static bool process_gone(pid_t pid)
 {
-    return kill(pid, 0) != 0 && errno == ESRCH;
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return true;
+    char name[64], buf[512];
+    snprintf(name, sizeof name, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(name, "re");
+    if (f == NULL)
+        return true;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')'); /* the command name may hold anything */
+    return paren && paren[1] == ' ' && paren[2] == 'Z';
 }
 
 int main(int argc, char **argv)
@@ -723,7 +736,7 @@ int main(int argc, char **argv)
         while (!exec_seen && !exited)
             if (!(exited = child_events(&p, &child_status, &exec_seen)))
                 poll(NULL, 0, 5);
-        if (exited) {
+        if (!exec_seen) {
             fprintf(stderr, "ddheap-prof: %s exited before it started\n", p.opt.cmd[0]);
             return 1;
         }
