@@ -629,7 +629,9 @@ def test_inline(c, prof, workload, artifacts, extra):
                 f"each with its own line: {m.group(1)}, {m.group(2)}")
     with open(paths["folded"]) as f:
         folded = f.read()
-    c.check(";site_with_inlined_helper;inlined_helper;" in folded,
+    # (The allocator below it has no frame of its own in a release build
+    # of ddheap, and then the helper is the innermost frame.)
+    c.check(re.search(r";site_with_inlined_helper;inlined_helper[; ]", folded) is not None,
             f"folded: the helper below the site ({folded.strip()[:200]})")
     got = {t: per_site(raw, t) for t in raw["types"]}
     t = truth["site"]["site_with_inlined_helper"]
