@@ -166,6 +166,27 @@ enum dd_heap_thread_status {
  * reports NO_TAGGED_ADDR or MTE never samples; its frees still work. */
 DDHEAP_API int dd_heap_thread_sampling_status(void);
 
+/* Puts libc's malloc family through ddheap in this running process, with
+ * no restart and no LD_PRELOAD (docs/interpose.md): the malloc, free,
+ * calloc, realloc, reallocarray, posix_memalign, aligned_alloc, memalign,
+ * valloc, pvalloc, dlopen and dlmopen entries of the GOT of every loaded
+ * object but the one holding ddheap are pointed at wrappers over glibc's
+ * functions, and objects dlopen'ed later are rewritten when they load.
+ * Calling it again rewrites what was loaded past the hooks meanwhile.
+ * Returns 0, or an errno value:
+ *   ENOTSUP  this archive was not built with -Dmarking=shadow, the only
+ *            scheme that survives frees past the hooks (a line on stderr
+ *            says so; nothing is changed);
+ *   EBUSY    malloc in this process is not glibc's (another allocator or
+ *            libddheap_preload.so is loaded; nothing is changed);
+ *   ENOMEM, or mprotect's error: some entries could not be rewritten. */
+DDHEAP_API int dd_heap_interpose_libc(void);
+
+/* Puts back every entry dd_heap_interpose_libc() rewrote, in the objects
+ * still loaded; blocks sampled meanwhile stay valid (their marks are only
+ * beside the heap). Returns 0 or mprotect's error. */
+DDHEAP_API int dd_heap_interpose_libc_stop(void);
+
 #ifdef __cplusplus
 }
 #endif

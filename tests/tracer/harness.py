@@ -113,11 +113,13 @@ class Workload:
 
 
 class Tracer:
-    """bpftrace attached to a running process with -p, output in a file."""
+    """bpftrace attached to a running process with -p (or, pid None, to
+    every process that maps the probed files), output in a file."""
 
     def __init__(self, script, positional, pid):
         self.out = tempfile.NamedTemporaryFile(mode="w+", prefix="ddheap-bt-", suffix=".txt")
-        self.proc = subprocess.Popen(["bpftrace", script] + positional + ["-p", str(pid)],
+        target = ["-p", str(pid)] if pid is not None else []
+        self.proc = subprocess.Popen(["bpftrace", script] + positional + target,
                                      stdout=self.out, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         self.nudges = 0  # times stop() found the SIGINT lost (see lost_sigint)

@@ -1,0 +1,248 @@
+/*
+ * Reading /proc/PID/maps into dd_prof_objects (objects.h), and the two
+ * things ddheap-prof needs from an object's ELF headers: whether its
+ * .note.stapsdt carries the probes, and its GNU build id.
+ */
+#include "objects.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <gelf.h>
+#include <inttypes.h>
+#include <libelf.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#define NT_STAPSDT 3
+
+static const char *want_provider = "ddheap";
+
+void dd_prof_objects_set_provider(const char *provider)
+{
+    want_provider = provider;
+}
+
+static Elf *open_elf(int fd)
+{
+    if (elf_version(EV_CURRENT) == EV_NONE)
+        return NULL;
+    Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
+    if (elf && elf_kind(elf) != ELF_K_ELF) {
+        elf_end(elf);
+        return NULL;
+    }
+    return elf;
+}
+
+/* One stapsdt note's description: three addresses (probe, base,
+ * semaphore), then provider, name and arguments as C strings. */
+static void note_probe(const char *desc, size_t len, unsigned *probes)
+{
+    size_t at = 3 * sizeof(uint64_t);
+    if (len <= at)
+        return;
+    const char *provider = desc + at;
+    size_t plen = strnlen(provider, len - at);
+    if (at + plen + 1 >= len || strcmp(provider, want_provider) != 0)
+        return;
+    const char *name = provider + plen + 1;
+    size_t nlen = strnlen(name, len - at - plen - 1);
+    if (at + plen + 1 + nlen >= len)
+        return;
+    if (strcmp(name, "alloc") == 0)
+        *probes |= DD_PROF_HAS_ALLOC;
+    else if (strcmp(name, "free") == 0)
+        *probes |= DD_PROF_HAS_FREE;
+}
+
+/* Walks every note section; fills whatever of probes / build_id the
+ * caller asked for. */
+static void read_notes(Elf *elf, unsigned *probes, char *build_id, size_t build_id_size)
+{
+    Elf_Scn *scn = NULL;
+    while ((scn = elf_nextscn(elf, scn)) != NULL) {
+        GElf_Shdr sh;
+        if (gelf_getshdr(scn, &sh) == NULL || sh.sh_type != SHT_NOTE)
+            continue;
+        Elf_Data *data = elf_getdata(scn, NULL);
+        if (data == NULL)
+            continue;
+        size_t off = 0, name_off, desc_off;
+        GElf_Nhdr nh;
+        while ((off = gelf_getnote(data, off, &nh, &name_off, &desc_off)) > 0) {
+            const char *name = (const char *)data->d_buf + name_off;
+            const char *desc = (const char *)data->d_buf + desc_off;
+            if (probes && nh.n_type == NT_STAPSDT && nh.n_namesz == 8 &&
+                memcmp(name, "stapsdt", 8) == 0)
+                note_probe(desc, nh.n_descsz, probes);
+            else if (build_id && nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 &&
+                     memcmp(name, "GNU", 4) == 0 && 2 * nh.n_descsz < build_id_size) {
+                for (size_t i = 0; i < nh.n_descsz; i++)
+                    snprintf(build_id + 2 * i, 3, "%02x", (unsigned char)desc[i]);
+            }
+        }
+    }
+}
+
+unsigned dd_prof_elf_probes(const char *path, int fd)
+{
+    int own = -1;
+    if (fd < 0 && (fd = own = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return 0;
+    unsigned has = 0;
+    Elf *elf = open_elf(fd);
+    if (elf) {
+        read_notes(elf, &has, NULL, 0);
+        elf_end(elf);
+    }
+    if (own >= 0)
+        close(own);
+    return has;
+}
+
+/* Run-time minus link-time address, from the load address of file offset
+ * 0 and the first PT_LOAD segment (the one that maps offset 0). */
+static uint64_t load_bias(Elf *elf, uint64_t base)
+{
+    size_t n;
+    if (elf_getphdrnum(elf, &n) != 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        GElf_Phdr ph;
+        if (gelf_getphdr(elf, (int)i, &ph) && ph.p_type == PT_LOAD) {
+            uint64_t align = ph.p_align ? ph.p_align : 1;
+            return base - (ph.p_vaddr & ~(align - 1)) + (ph.p_offset & ~(align - 1));
+        }
+    }
+    return 0;
+}
+
+static int open_mapped(pid_t pid, const char *path, uint64_t start, uint64_t end)
+{
+    /* map_files reaches the very file that is mapped, even if it was
+     * deleted or replaced since; the path is the fallback. */
+    char link[96];
+    snprintf(link, sizeof link, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, (int)pid, start, end);
+    int fd = open(link, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    return fd;
+}
+
+static struct dd_prof_object *find_load(struct dd_prof_objects *objs, uint64_t dev, uint64_t ino,
+                                        uint64_t at)
+{
+    struct dd_prof_object *best = NULL;
+    for (size_t i = 0; i < objs->n; i++) {
+        struct dd_prof_object *o = &objs->v[i];
+        if (o->dev == dev && o->ino == ino && o->base <= at && (!best || o->base > best->base))
+            best = o;
+    }
+    return best;
+}
+
+static struct dd_prof_object *add_object(struct dd_prof_objects *objs, pid_t pid, const char *path,
+                                         uint64_t dev, uint64_t ino, uint64_t start, uint64_t end)
+{
+    if (objs->n == objs->cap) {
+        size_t cap = objs->cap ? 2 * objs->cap : 32;
+        struct dd_prof_object *v = realloc(objs->v, cap * sizeof *v);
+        if (v == NULL)
+            return NULL;
+        objs->v = v;
+        objs->cap = cap;
+    }
+    struct dd_prof_object *o = &objs->v[objs->n];
+    memset(o, 0, sizeof *o);
+    o->path = strdup(path);
+    if (o->path == NULL)
+        return NULL;
+    o->dev = dev;
+    o->ino = ino;
+    o->base = o->lo = start;
+    o->hi = end;
+    o->fd = open_mapped(pid, path, start, end);
+    Elf *elf = o->fd >= 0 ? open_elf(o->fd) : NULL;
+    if (elf == NULL) {
+        /* Not an ELF file (a mapped data file): never symbolised. */
+        if (o->fd >= 0)
+            close(o->fd);
+        free(o->path);
+        return NULL;
+    }
+    o->bias = load_bias(elf, start);
+    read_notes(elf, &o->probes, o->build_id, sizeof o->build_id);
+    elf_end(elf);
+    objs->n++;
+    return o;
+}
+
+int dd_prof_objects_scan(struct dd_prof_objects *objs, pid_t pid)
+{
+    char name[64];
+    snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(name, "re");
+    if (f == NULL)
+        return -1;
+    int added = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        uint64_t start, end, offset, ino;
+        unsigned major, minor;
+        char perms[8];
+        int path_at = 0;
+        if (sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %x:%x %" SCNu64 " %n", &start,
+                   &end, perms, &offset, &major, &minor, &ino, &path_at) < 7 ||
+            path_at == 0 || ino == 0 || line[path_at] != '/')
+            continue;
+        char *path = line + path_at;
+        path[strcspn(path, "\n")] = '\0';
+        uint64_t dev = makedev(major, minor);
+        struct dd_prof_object *o = find_load(objs, dev, ino, start);
+        if (offset == 0 && (o == NULL || o->base != start)) {
+            /* A new load (a later one of the same file: dlopen again). */
+            if ((o = add_object(objs, pid, path, dev, ino, start, end)) == NULL)
+                continue;
+            added++;
+        }
+        if (o == NULL)
+            continue;
+        if (start < o->lo)
+            o->lo = start;
+        if (end > o->hi)
+            o->hi = end;
+        if (strchr(perms, 'x') && o->exec_end == 0) {
+            o->exec_start = start;
+            o->exec_end = end;
+            o->exec_offset = offset;
+        }
+    }
+    free(line);
+    fclose(f);
+    return added;
+}
+
+const struct dd_prof_object *dd_prof_objects_find(const struct dd_prof_objects *objs,
+                                                  uint64_t addr)
+{
+    for (size_t i = objs->n; i-- > 0;)
+        if (objs->v[i].lo <= addr && addr < objs->v[i].hi)
+            return &objs->v[i];
+    return NULL;
+}
+
+void dd_prof_objects_free(struct dd_prof_objects *objs)
+{
+    for (size_t i = 0; i < objs->n; i++) {
+        free(objs->v[i].path);
+        if (objs->v[i].fd >= 0)
+            close(objs->v[i].fd);
+    }
+    free(objs->v);
+    memset(objs, 0, sizeof *objs);
+}

@@ -1,0 +1,54 @@
+/*
+ * The ELF objects mapped into the profiled process, as read from
+ * /proc/PID/maps at attach and on every rescan. Each object keeps an open
+ * descriptor of its file and the address ranges it was mapped at, so
+ * stacks can be symbolised after the process has exited (or the file has
+ * been replaced) and the profile can name its mappings and build ids.
+ */
+#ifndef DDHEAP_PROF_OBJECTS_H
+#define DDHEAP_PROF_OBJECTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct dd_prof_object {
+    char *path;        /* as the kernel names it in the maps */
+    uint64_t dev, ino; /* identity of the file: one object per load of it */
+    uint64_t base;     /* start of the mapping of file offset 0 */
+    uint64_t bias;     /* run-time address minus link-time address */
+    uint64_t lo, hi;   /* span of all its mappings seen */
+    uint64_t exec_start, exec_end, exec_offset; /* its executable mapping, if seen */
+    int fd;            /* -1 if it could not be opened */
+    char build_id[129]; /* hex, "" if none */
+    unsigned probes;   /* DD_PROF_HAS_ALLOC | DD_PROF_HAS_FREE of the provider */
+    bool attached;
+};
+
+struct dd_prof_objects {
+    struct dd_prof_object *v;
+    size_t n, cap;
+};
+
+/* Which provider's probes count as "has probes". */
+void dd_prof_objects_set_provider(const char *provider);
+
+/* Reads /proc/PID/maps and records the objects not seen before. Returns
+ * the number of new objects, or -1 if the maps cannot be read (errno set:
+ * ESRCH once the process is gone). */
+int dd_prof_objects_scan(struct dd_prof_objects *objs, pid_t pid);
+
+enum { DD_PROF_HAS_ALLOC = 1, DD_PROF_HAS_FREE = 2 };
+
+/* Which of the provider's alloc and free probes the ELF file at path (or
+ * fd, if >= 0) carries. A build without live-heap tracking has no free. */
+unsigned dd_prof_elf_probes(const char *path, int fd);
+
+/* The object whose mappings span addr, the latest loaded if several did. */
+const struct dd_prof_object *dd_prof_objects_find(const struct dd_prof_objects *objs,
+                                                  uint64_t addr);
+
+void dd_prof_objects_free(struct dd_prof_objects *objs);
+
+#endif

@@ -1,0 +1,227 @@
+/*
+ * The pprof writer (pprof.h): protobuf-c messages from pprof.proto, packed
+ * into one buffer, gzipped with zlib. Sample values follow Go's heap
+ * profiles: alloc_objects, alloc_space, inuse_objects, inuse_space; the
+ * object counts are estimates (sum of weight / size) rounded to integers.
+ */
+#include "pprof.h"
+
+#include "pprof.pb-c.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+enum { NVALUES = 4 };
+
+static int64_t rounded(double v)
+{
+    return (int64_t)llround(v < 0 ? 0 : v);
+}
+
+/* A string-table index, interned into the report's table (which becomes
+ * the profile's string table). */
+static int64_t str(struct dd_prof_strings *strings, const char *s, int *failed)
+{
+    long i = dd_prof_strings_intern(strings, s);
+    if (i < 0)
+        *failed = 1;
+    return i < 0 ? 0 : i;
+}
+
+static int gzip_to(FILE *out, const uint8_t *buf, size_t len)
+{
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    /* windowBits 15 + 16: a gzip header, which pprof expects. */
+    if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+        return -1;
+    uint8_t chunk[1 << 16];
+    z.next_in = (Bytef *)(uintptr_t)buf;
+    z.avail_in = (uInt)len;
+    int rc;
+    do {
+        z.next_out = chunk;
+        z.avail_out = sizeof chunk;
+        rc = deflate(&z, Z_FINISH);
+        size_t have = sizeof chunk - z.avail_out;
+        if (rc == Z_STREAM_ERROR || fwrite(chunk, 1, have, out) != have) {
+            deflateEnd(&z);
+            return -1;
+        }
+    } while (rc != Z_STREAM_END);
+    deflateEnd(&z);
+    return 0;
+}
+
+int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
+                        const struct dd_prof_objects *objs, const struct dd_prof_meta *meta)
+{
+    /* The profile's string table is the report's, grown by the names
+     * below. */
+    struct dd_prof_strings *strings = &r->strings;
+    int failed = 0, result = -1;
+
+    DdheapPprof__Profile prof = DDHEAP_PPROF__PROFILE__INIT;
+    static const char *const types[NVALUES][2] = {
+        {"alloc_objects", "count"}, {"alloc_space", "bytes"},
+        {"inuse_objects", "count"}, {"inuse_space", "bytes"}};
+    DdheapPprof__ValueType vt[NVALUES], period_type = DDHEAP_PPROF__VALUE_TYPE__INIT;
+    DdheapPprof__ValueType *vtp[NVALUES];
+    for (int i = 0; i < NVALUES; i++) {
+        ddheap_pprof__value_type__init(&vt[i]);
+        vt[i].type = str(strings, types[i][0], &failed);
+        vt[i].unit = str(strings, types[i][1], &failed);
+        vtp[i] = &vt[i];
+    }
+    prof.n_sample_type = NVALUES;
+    prof.sample_type = vtp;
+    prof.default_sample_type = vt[3].type;
+    period_type.type = str(strings, "space", &failed);
+    period_type.unit = str(strings, "bytes", &failed);
+    prof.period_type = &period_type;
+    prof.period = meta->period;
+    prof.time_nanos = meta->time_nanos;
+    prof.duration_nanos = meta->duration_nanos;
+
+    size_t ns = r->nstacks, nl = r->addrs.n, nf = r->func_keys.n, nm = objs->n;
+    DdheapPprof__Sample *samples = calloc(ns + 1, sizeof *samples);
+    DdheapPprof__Sample **samplep = calloc(ns + 1, sizeof *samplep);
+    int64_t *values = calloc((ns + 1) * NVALUES, sizeof *values);
+    uint64_t **loc_ids = calloc(ns + 1, sizeof *loc_ids);
+    DdheapPprof__Location *locs = calloc(nl + 1, sizeof *locs);
+    DdheapPprof__Location **locp = calloc(nl + 1, sizeof *locp);
+    DdheapPprof__Line *lines = calloc((nl + 1) * DD_PROF_MAX_INLINE, sizeof *lines);
+    DdheapPprof__Line **linep = calloc((nl + 1) * DD_PROF_MAX_INLINE, sizeof *linep);
+    DdheapPprof__Function *funcs = calloc(nf + 1, sizeof *funcs);
+    DdheapPprof__Function **funcp = calloc(nf + 1, sizeof *funcp);
+    DdheapPprof__Mapping *maps = calloc(nm + 1, sizeof *maps);
+    DdheapPprof__Mapping **mapp = calloc(nm + 1, sizeof *mapp);
+    int64_t *comments = calloc(meta->ncomments + 1, sizeof *comments);
+    uint8_t *packed = NULL;
+    if (!samples || !samplep || !values || !loc_ids || !locs || !locp || !lines || !linep ||
+        !funcs || !funcp || !maps || !mapp || !comments)
+        goto done;
+
+    /* Mappings: every recorded object, the executable part of it, id =
+     * index + 1 (pprof ids start at 1; 0 means none). */
+    size_t n_maps = 0;
+    for (size_t i = 0; i < nm; i++) {
+        const struct dd_prof_object *o = &objs->v[i];
+        DdheapPprof__Mapping *m = &maps[i];
+        ddheap_pprof__mapping__init(m);
+        m->id = i + 1;
+        m->memory_start = o->exec_end ? o->exec_start : o->lo;
+        m->memory_limit = o->exec_end ? o->exec_end : o->hi;
+        m->file_offset = o->exec_end ? o->exec_offset : 0;
+        m->filename = str(strings, o->path, &failed);
+        m->build_id = str(strings, o->build_id, &failed);
+        m->has_functions = true; /* symbolised here: pprof must not try again */
+        m->has_filenames = r->any_lines;
+        m->has_line_numbers = r->any_lines;
+        m->has_inline_frames = true; /* expanded where DWARF scopes say */
+        mapp[n_maps++] = m;
+    }
+    prof.n_mapping = n_maps;
+    prof.mapping = mapp;
+
+    for (size_t i = 0; i < nf; i++) {
+        ddheap_pprof__function__init(&funcs[i]);
+        funcs[i].id = i + 1;
+        funcs[i].name = funcs[i].system_name = r->funcs[i].name;
+        funcs[i].filename = r->funcs[i].file;
+        funcp[i] = &funcs[i];
+    }
+    prof.n_function = nf;
+    prof.function = funcp;
+
+    for (size_t i = 0; i < nl; i++) {
+        const struct dd_prof_location *l = &r->locs[i];
+        ddheap_pprof__location__init(&locs[i]);
+        locs[i].id = i + 1;
+        locs[i].mapping_id = l->object >= 0 ? (uint64_t)l->object + 1 : 0;
+        locs[i].address = l->addr;
+        /* pprof's order too: inlined functions first, the caller last. */
+        for (unsigned k = 0; k < l->n; k++) {
+            size_t at = i * DD_PROF_MAX_INLINE + k;
+            ddheap_pprof__line__init(&lines[at]);
+            lines[at].function_id = l->function[k] + 1;
+            lines[at].line = l->line[k];
+            linep[at] = &lines[at];
+        }
+        locs[i].n_line = l->n;
+        locs[i].line = &linep[i * DD_PROF_MAX_INLINE];
+        locp[i] = &locs[i];
+    }
+    prof.n_location = nl;
+    prof.location = locp;
+
+    size_t n_samples = 0;
+    for (size_t i = 0; i < ns; i++) {
+        const struct dd_prof_resolved *s = &r->stacks[i];
+        DdheapPprof__Sample *x = &samples[n_samples];
+        ddheap_pprof__sample__init(x);
+        loc_ids[i] = malloc((s->n ? s->n : 1) * sizeof *loc_ids[i]);
+        if (loc_ids[i] == NULL)
+            goto done;
+        for (uint32_t k = 0; k < s->n; k++)
+            loc_ids[i][k] = s->locs[k] + 1;
+        x->n_location_id = s->n;
+        x->location_id = loc_ids[i];
+        int64_t *v = &values[n_samples * NVALUES];
+        v[0] = rounded(s->stack->alloc_objects);
+        v[1] = rounded(s->stack->alloc_space);
+        v[2] = rounded(s->stack->inuse_objects);
+        v[3] = rounded(s->stack->inuse_space);
+        x->n_value = NVALUES;
+        x->value = v;
+        samplep[n_samples++] = x;
+    }
+    prof.n_sample = n_samples;
+    prof.sample = samplep;
+
+    for (size_t i = 0; i < meta->ncomments; i++)
+        comments[i] = str(strings, meta->comments[i], &failed);
+    prof.n_comment = meta->ncomments;
+    prof.comment = comments;
+    if (failed)
+        goto done;
+
+    /* Last: the string table, now complete. */
+    prof.n_string_table = strings->n;
+    prof.string_table = strings->v;
+
+    size_t len = ddheap_pprof__profile__get_packed_size(&prof);
+    packed = malloc(len ? len : 1);
+    if (packed == NULL)
+        goto done;
+    ddheap_pprof__profile__pack(&prof, packed);
+    if (gzip_to(out, packed, len) != 0 || fflush(out) != 0) {
+        fprintf(stderr, "ddheap-prof: writing %s: %s\n", path, strerror(errno));
+        goto done;
+    }
+    result = 0;
+done:
+    if (result != 0 && !ferror(out))
+        fprintf(stderr, "ddheap-prof: out of memory writing %s\n", path);
+    if (loc_ids)
+        for (size_t i = 0; i < ns; i++)
+            free(loc_ids[i]);
+    free(loc_ids);
+    free(samples);
+    free(samplep);
+    free(values);
+    free(locs);
+    free(locp);
+    free(lines);
+    free(linep);
+    free(funcs);
+    free(funcp);
+    free(maps);
+    free(mapp);
+    free(comments);
+    free(packed);
+    return result;
+}

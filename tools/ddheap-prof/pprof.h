@@ -1,0 +1,26 @@
+/*
+ * Writing a report (report.h) as a gzipped pprof profile with Go's four
+ * heap sample types, the recorded mappings and comments.
+ */
+#ifndef DDHEAP_PROF_PPROF_H
+#define DDHEAP_PROF_PPROF_H
+
+#include <stdio.h>
+
+#include "objects.h"
+#include "report.h"
+
+struct dd_prof_meta {
+    int64_t time_nanos, duration_nanos;
+    int64_t period; /* the sampling interval, bytes */
+    const char **comments;
+    size_t ncomments;
+};
+
+/* Writes to out (already open, so a bad path failed before attaching).
+ * Adds the profile's own strings to r's string table. Returns 0, or -1
+ * with a message on stderr. */
+int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
+                        const struct dd_prof_objects *objs, const struct dd_prof_meta *meta);
+
+#endif

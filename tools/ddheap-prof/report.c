@@ -1,0 +1,124 @@
+/* Resolving the stack table into locations and functions (report.h). */
+#include "report.h"
+
+#include "symbolize.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static bool is_ddheap_frame(const char *f)
+{
+    return strncmp(f, "ddheap_fire_", 12) == 0 || strncmp(f, "ddheap__", 8) == 0 ||
+           strncmp(f, "dd_allocation_", 14) == 0;
+}
+
+/* The function with this name and file, added if new; -1 if out of
+ * memory. */
+static long function_of(struct dd_prof_report *r, const char *name, const char *file)
+{
+    long n = dd_prof_strings_intern(&r->strings, name);
+    long f = dd_prof_strings_intern(&r->strings, file ? file : "");
+    if (n < 0 || f < 0)
+        return -1;
+    int added;
+    long fn = dd_prof_keys_intern(&r->func_keys, (uint64_t)n << 32 | (uint64_t)f, &added);
+    if (fn < 0 || !added)
+        return fn;
+    struct dd_prof_function *grown = realloc(r->funcs, r->func_keys.cap * sizeof *grown);
+    if (grown == NULL)
+        return -1;
+    r->funcs = grown;
+    r->funcs[fn] = (struct dd_prof_function){(uint32_t)n, (uint32_t)f};
+    return fn;
+}
+
+/* The location of addr, resolved when first seen; -1 if out of memory. */
+static long location_of(struct dd_prof_report *r, struct dd_prof_symbolizer *sym,
+                        const struct dd_prof_objects *objs, uint64_t addr, bool return_address)
+{
+    int added;
+    long i = dd_prof_keys_intern(&r->addrs, addr, &added);
+    if (i < 0 || !added)
+        return i;
+    struct dd_prof_location *grown = realloc(r->locs, r->addrs.cap * sizeof *grown);
+    if (grown == NULL)
+        return -1;
+    r->locs = grown;
+    struct dd_prof_frame f;
+    dd_prof_symbolize(sym, addr, return_address, &f);
+    struct dd_prof_location *l = &r->locs[i];
+    l->addr = addr;
+    l->object = f.object ? (long)(f.object - objs->v) : -1;
+    /* ddheap's hooks inlined into the allocator are left off too: the
+     * location starts at the allocator's own line of the call. */
+    unsigned skip = 0;
+    while (skip + 1 < f.n && is_ddheap_frame(f.fn[skip].function))
+        skip++;
+    l->n = f.n - skip;
+    for (unsigned k = 0; k < l->n; k++) {
+        const struct dd_prof_function_at *at = &f.fn[skip + k];
+        long fn = function_of(r, at->function, at->file);
+        if (fn < 0)
+            return -1;
+        l->function[k] = (uint32_t)fn;
+        l->line[k] = at->line;
+        if (at->file)
+            r->any_lines = true;
+    }
+    return i;
+}
+
+int dd_prof_report_build(struct dd_prof_report *r, const struct dd_prof_table *t,
+                         const struct dd_prof_objects *objs)
+{
+    memset(r, 0, sizeof *r);
+    struct dd_prof_symbolizer *sym = dd_prof_symbolizer_new(objs);
+    if (sym == NULL || dd_prof_strings_intern(&r->strings, "") != 0)
+        goto fail;
+    r->stacks = calloc(t->nstacks ? t->nstacks : 1, sizeof *r->stacks);
+    if (r->stacks == NULL)
+        goto fail;
+    for (size_t s = 0; s < t->nstacks; s++) {
+        const struct dd_prof_stack *st = &t->stacks[s];
+        struct dd_prof_resolved *out = &r->stacks[r->nstacks++];
+        out->stack = st;
+        out->locs = malloc((st->nframes ? st->nframes : 1) * sizeof *out->locs);
+        if (out->locs == NULL)
+            goto fail;
+        /* ddheap's frames (the hooks the allocator calls, and what they
+         * call) are innermost: drop up to the outermost of them. */
+        long keep_from = 0;
+        for (uint32_t k = 0; k < st->nframes; k++) {
+            long loc = location_of(r, sym, objs, st->frames[k], k > 0);
+            if (loc < 0)
+                goto fail;
+            out->locs[out->n++] = (uint32_t)loc;
+            const struct dd_prof_location *l = &r->locs[loc];
+            if (is_ddheap_frame(r->strings.v[r->funcs[l->function[l->n - 1]].name]))
+                keep_from = (long)k + 1;
+        }
+        if (keep_from > 0 && keep_from < (long)out->n) {
+            memmove(out->locs, out->locs + keep_from, (out->n - (size_t)keep_from) * sizeof *out->locs);
+            out->n -= (uint32_t)keep_from;
+        }
+    }
+    dd_prof_symbolizer_free(sym);
+    return 0;
+fail:
+    dd_prof_symbolizer_free(sym);
+    dd_prof_report_free(r);
+    return -1;
+}
+
+void dd_prof_report_free(struct dd_prof_report *r)
+{
+    for (size_t i = 0; i < r->nstacks; i++)
+        free(r->stacks[i].locs);
+    free(r->stacks);
+    free(r->locs);
+    free(r->funcs);
+    dd_prof_strings_free(&r->strings);
+    dd_prof_keys_free(&r->addrs);
+    dd_prof_keys_free(&r->func_keys);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,51 @@
+/*
+ * A profile ready to be written: every stack of the table resolved into
+ * locations (one per distinct address) and functions (one per distinct
+ * name and file), with the names interned once for all outputs. ddheap's
+ * own frames (the probe and the hooks above the allocator) are left off
+ * the innermost end of each stack, up to the outermost of them.
+ */
+#ifndef DDHEAP_PROF_REPORT_H
+#define DDHEAP_PROF_REPORT_H
+
+#include "intern.h"
+#include "objects.h"
+#include "symbolize.h"
+#include "table.h"
+
+struct dd_prof_location {
+    uint64_t addr;
+    long object; /* index into the objects, -1 if unmapped */
+    /* As in dd_prof_frame: innermost inlined function first, the frame's
+     * own function last (function[n - 1]). */
+    uint32_t function[DD_PROF_MAX_INLINE];
+    int line[DD_PROF_MAX_INLINE];
+    unsigned n;
+};
+
+struct dd_prof_function {
+    uint32_t name, file; /* string indices; file 0 ("") if unknown */
+};
+
+struct dd_prof_resolved {
+    const struct dd_prof_stack *stack;
+    uint32_t *locs; /* location indices, innermost first */
+    uint32_t n;
+};
+
+struct dd_prof_report {
+    struct dd_prof_strings strings; /* index 0 is "" */
+    struct dd_prof_keys addrs;      /* location i has address addrs.v[i] */
+    struct dd_prof_location *locs;
+    struct dd_prof_keys func_keys; /* name << 32 | file */
+    struct dd_prof_function *funcs;
+    struct dd_prof_resolved *stacks;
+    size_t nstacks;
+    bool any_lines; /* some location has file:line */
+};
+
+int dd_prof_report_build(struct dd_prof_report *r, const struct dd_prof_table *t,
+                         const struct dd_prof_objects *objs);
+void dd_prof_report_free(struct dd_prof_report *r);
+
+#endif
