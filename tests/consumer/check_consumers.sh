@@ -24,6 +24,21 @@ for h in ddheap.h ddheap/fastpath.h ddheap/coldpath.h ddheap/testing.h ddheap/co
   test -f "$work/root$prefix/include/$h"; result $? "installed include/$h"
 done
 unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
+# The interposer (docs/interpose.md): the library in libdir, ddheap-run in
+# bindir naming that installed path, the bpftrace scripts beside it; the
+# installed ddheap-run runs a program with the installed library.
+libdir=$(meson introspect --buildoptions "$build" | python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="libdir"))')
+preload="$prefix/$libdir/libddheap_preload.so"
+test -f "$work/root$preload"; result $? "installed $libdir/libddheap_preload.so"
+test -x "$work/root$prefix/bin/ddheap-run" && grep -q "$preload" "$work/root$prefix/bin/ddheap-run"
+result $? "installed bin/ddheap-run, naming $preload"
+for s in ddheap-alloc.bt ddheap-live.bt ddheap-events.bt ddheap-fold; do
+  test -f "$work/root$prefix/share/ddheap/$s"; result $? "installed share/ddheap/$s"
+done
+rc=0
+out=$(DDHEAP_PRELOAD_LIB="$work/root$preload" "$work/root$prefix/bin/ddheap-run" sh -c 'echo "$LD_PRELOAD"' 2>/dev/null) &&
+  [ "$out" = "$work/root$preload" ] || rc=1
+result $rc "installed ddheap-run preloads the library"
 
 # 2. As a subproject (a copy of the tracked sources, no build dirs).
 mkdir -p "$work/proj/subprojects/ddheap"
