@@ -22,6 +22,10 @@
  *              probes fire into the void
  *   after      as off, in a process where blocks were sampled before (a
  *              tracer came and went): a shared library's free gate is open
+ *   spread     (--spread) as unsampled, with 4000 sampled blocks of 256 KiB
+ *              live (glibc maps each: about 1 GiB of address space): the
+ *              heap of a traced program, for the marking-scheme comparison
+ *              (tools/bench --marking)
  *
  * Under --callgrind, bare and off of every config run first, before any
  * block is marked in the process, so that off is the never-traced state
@@ -59,9 +63,27 @@ void *ddheap_fire_alloc(uintptr_t ptr, uint64_t size, uint64_t weight);
 #define MAX_LIST 8
 #define UNSAMPLED_INTERVAL (UINT64_C(1) << 62)
 
-enum mode { MODE_BARE, MODE_OFF, MODE_UNSAMPLED, MODE_LIVE, MODE_SAMPLED, MODE_AFTER, MODE_TRACED };
-static const char *const mode_names[] = {"bare",    "off",   "unsampled", "live",
-                                         "sampled", "after", "traced"};
+enum mode {
+    MODE_BARE,
+    MODE_OFF,
+    MODE_UNSAMPLED,
+    MODE_LIVE,
+    MODE_SAMPLED,
+    MODE_AFTER,
+    MODE_TRACED,
+    MODE_SPREAD
+};
+static const char *const mode_names[] = {"bare",  "off",    "unsampled", "live",
+                                         "sampled", "after", "traced",   "spread"};
+
+#define SPREAD_BLOCKS 4000
+#define SPREAD_SIZE (256u * 1024)
+
+#if DDHEAP_MARK_SHADOW
+/* src/mark_shadow.c: resident bytes of the shadow tables and summary
+ * (hidden, reachable here as ddheap_fire_alloc is). */
+size_t ddheap_shadow_metadata_bytes(size_t *mapped);
+#endif
 
 /* Whether a mode can run before anything was ever marked in the process:
  * in a shared library the free path's first test is the copy's free gate,
@@ -139,7 +161,17 @@ static void *worker(void *arg)
         j->api->set_interval(1);
         kept = j->api->dd_libc.alloc(64);
     }
-    if (mode == MODE_UNSAMPLED || mode == MODE_LIVE)
+    static void *spread[SPREAD_BLOCKS];
+    if (mode == MODE_SPREAD && j->index == 0) {
+        j->api->set_interval(1);
+        for (int i = 0; i < SPREAD_BLOCKS; i++)
+            spread[i] = j->api->dd_libc.alloc(SPREAD_SIZE);
+#if DDHEAP_MARK_SHADOW
+        size_t mapped = 0, resident = ddheap_shadow_metadata_bytes(&mapped);
+        printf("SHADOWMEM blocks=%d resident=%zu mapped=%zu\n", SPREAD_BLOCKS, resident, mapped);
+#endif
+    }
+    if (mode == MODE_UNSAMPLED || mode == MODE_LIVE || mode == MODE_SPREAD)
         j->api->set_interval(UNSAMPLED_INTERVAL);
     else if (mode == MODE_SAMPLED || mode == MODE_TRACED)
         j->api->set_interval(1);
@@ -159,6 +191,9 @@ static void *worker(void *arg)
         CALLGRIND_DUMP_STATS_AT(j->label);
     if (kept)
         j->api->dd_libc.release(kept);
+    if (mode == MODE_SPREAD && j->index == 0)
+        for (int i = 0; i < SPREAD_BLOCKS; i++)
+            j->api->dd_libc.release(spread[i]);
     j->ns = (t1 - t0) / (double)j->n;
     return NULL;
 }
@@ -186,7 +221,9 @@ static double run_config(struct config *c, long n, int callgrind)
     char label[200];
     label_of(c, n, label, sizeof label);
     pthread_barrier_init(&barrier, NULL, (unsigned)c->threads);
-    if (c->mode == MODE_UNSAMPLED || c->mode == MODE_LIVE || c->mode == MODE_SAMPLED)
+    bool simulated = c->mode == MODE_UNSAMPLED || c->mode == MODE_LIVE ||
+                     c->mode == MODE_SAMPLED || c->mode == MODE_SPREAD;
+    if (simulated)
         c->api->simulate_tracer(true);
     for (int t = 0; t < c->threads; t++) {
         jobs[t] = (struct job){c->api, family_of(c), c, &barrier, n, t, callgrind, label, 0};
@@ -200,7 +237,7 @@ static double run_config(struct config *c, long n, int callgrind)
         pthread_join(tid[t], NULL);
         sum += jobs[t].ns;
     }
-    if (c->mode == MODE_UNSAMPLED || c->mode == MODE_LIVE || c->mode == MODE_SAMPLED)
+    if (simulated)
         c->api->simulate_tracer(false);
     pthread_barrier_destroy(&barrier);
     /* Every block was freed: a marked block left behind would make every
@@ -303,7 +340,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: dd_bench_pair [--n N] [--reps R] [--threads 1,2] [--sizes 16,64,256,4096]\n"
                     "                     [--variants pie,pic] [--allocs libc,noop] [--no-realloc]\n"
-                    "                     [--callgrind] [--traced] [--probes]\n"
+                    "                     [--callgrind] [--traced] [--probes] [--spread]\n"
                     "                     [--site-offsets usual,nop5,ddheap]\n");
     exit(2);
 }
@@ -325,6 +362,7 @@ int main(int argc, char **argv)
 {
     long n = 200000, threads[MAX_LIST] = {1, 2}, sizes[MAX_LIST] = {16, 64, 256, 4096};
     int reps = 7, nthreads = 2, nsizes = 4, callgrind = 0, traced = 0, probes = 0, realloc_too = 1;
+    int spread = 0;
     bool pie = true, pic = true, libc = true, noop = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -336,6 +374,8 @@ int main(int argc, char **argv)
             probes = 1;
         else if (!strcmp(a, "--no-realloc"))
             realloc_too = 0;
+        else if (!strcmp(a, "--spread"))
+            spread = 1;
         else if (v && !strcmp(a, "--n"))
             n = strtol(argv[++i], NULL, 10);
         else if (v && !strcmp(a, "--reps"))
@@ -383,11 +423,11 @@ int main(int argc, char **argv)
         allocs[nallocs++] = "libc";
     if (noop)
         allocs[nallocs++] = "noop";
-    enum mode untraced_modes[] = {MODE_BARE,  MODE_OFF,     MODE_UNSAMPLED,
-                                  MODE_LIVE,  MODE_SAMPLED, MODE_AFTER};
+    enum mode untraced_modes[] = {MODE_BARE,    MODE_OFF,   MODE_UNSAMPLED, MODE_LIVE,
+                                  MODE_SAMPLED, MODE_AFTER, MODE_SPREAD};
     enum mode traced_modes[] = {MODE_BARE, MODE_TRACED};
     const enum mode *modes = traced ? traced_modes : untraced_modes;
-    int nmodes = traced ? 2 : 6;
+    int nmodes = traced ? 2 : spread ? 7 : 6;
 
     for (int a = 0; a < napis; a++)
         for (int k = 0; k < nallocs; k++)

@@ -7,13 +7,16 @@
  * Structure, all of it in ddheap_shared_v3 (one per process, every copy of
  * the library sees the same bits) or mapped from it:
  *
- *  - tables of 64-bit words, level k holding 2^(11+k) lines of 8 words
- *    (level 0: 128 KiB), each mapped with mmap the first time a mark finds
- *    no room in the levels before it, and installed with one
- *    compare-and-swap (the loser of a race unmaps its copy). A span's words
- *    live in one line per level, chosen by a hash of the span. At most
- *    DDHEAP__SHADOW_LEVELS levels: a mark that finds no room anywhere
+ *  - tables of 64-bit words, table k holding 2^(14+k) buckets of two
+ *    words (table 0: 256 KiB), each mapped with mmap the first time a mark
+ *    finds no room in the tables before it, and installed with one
+ *    compare-and-swap (the loser of a race unmaps its copy). A span has one
+ *    bucket per table, chosen by a hash of its own per table. At most
+ *    DDHEAP__SHADOW_LEVELS tables: a mark that finds no room anywhere
  *    leaves its block unsampled and counts it in shadow_overflow.
+ *  - shadow_upper_live, the bits set beyond table 0: while it is zero, as
+ *    it is unless table 0 ran out of room for some span, every operation
+ *    reads one bucket (mark_shadow.h).
  *  - the summary: a saturating counter per residue of the address's bits
  *    12..31, raised before a bit is set and lowered after it is cleared.
  *    The inline free path reads only the live count and this byte; a zero
@@ -27,15 +30,18 @@
  * and memory is bounded by the peak number of live sampled blocks, not by
  * how much address space they ever covered. A hash table of words also
  * costs about 8 bytes per live block where a radix tree would pay at least
- * a 64-byte leaf per touched page plus its pointers.
+ * a 64-byte leaf per touched page plus its pointers. Direct mapping keeps
+ * a lookup at one bucket per table, and in the first table only while
+ * nothing overflowed (4000 blocks spread over 1 GiB: a handful beyond it).
  *
  * Hazards: everything here may run inside a malloc, in a signal handler or
  * in a child just forked: lock-free atomics and mmap only, errno kept.
  */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, mincore */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, pread */
 #include "mark.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -43,7 +49,7 @@
 
 static size_t level_bytes(unsigned k)
 {
-    return ((size_t)1 << (DDHEAP_SHADOW_LEVEL0_LINES_SHIFT + k)) * DDHEAP_SHADOW_LINE_WORDS *
+    return ((size_t)1 << (DDHEAP_SHADOW_LEVEL0_BUCKETS_SHIFT + k)) * DDHEAP_SHADOW_BUCKET_WORDS *
            sizeof(uint64_t);
 }
 
@@ -84,43 +90,29 @@ static uint64_t *install_level(unsigned k)
     return (uint64_t *)fresh;
 }
 
-enum scan_result { SCAN_STALE, SCAN_CANDIDATE, SCAN_FULL };
-
-/* Looks at the span's line in every mapped level: whether the bit is set
- * already (a stale mark), else the word to set it in (a word of the same
- * span first, else the first empty word), with the value seen there. */
-static enum scan_result scan_for_mark(uint64_t span, uint64_t bit, uint64_t **target,
-                                      uint64_t *seen)
+/* Looks at the span's bucket in every mapped table; *level_of gets the
+ * table of the chosen word. */
+static struct ddheap_shadow_slot scan_all(uint64_t span, uint64_t bit, unsigned *level_of)
 {
-    uint64_t *empty = NULL, empty_seen = 0;
-    *target = NULL;
+    struct ddheap_shadow_slot s = {NULL, 0, false, false};
     for (unsigned k = 0; k < DDHEAP__SHADOW_LEVELS; k++) {
         uint64_t *level = ddheap_shadow_level(k);
         if (level == NULL)
             break;
-        uint64_t *line = ddheap_shadow_line(level, k, span);
-        for (unsigned i = 0; i < DDHEAP_SHADOW_LINE_WORDS; i++) {
-            uint64_t w = __atomic_load_n(&line[i], __ATOMIC_RELAXED);
-            if ((w & DDHEAP_SHADOW_SLOTS) == 0) {
-                if (empty == NULL) {
-                    empty = &line[i];
-                    empty_seen = w;
-                }
-            } else if ((w >> 16) == span) {
-                if (w & bit)
-                    return SCAN_STALE;
-                if (*target == NULL) {
-                    *target = &line[i];
-                    *seen = w;
-                }
-            }
-        }
+        uint64_t *before = s.word;
+        bool own_before = s.own;
+        ddheap_shadow_look(ddheap_shadow_bucket(level, k, span), span << 16, bit, &s);
+        if (s.word != before && (s.own || !own_before))
+            *level_of = k;
     }
-    if (*target == NULL && empty != NULL) {
-        *target = empty;
-        *seen = empty_seen;
-    }
-    return *target ? SCAN_CANDIDATE : SCAN_FULL;
+    return s;
+}
+
+static void count_upper(unsigned level, int delta)
+{
+    if (level > 0)
+        __atomic_add_fetch(&ddheap_shared_v3.shadow_upper_live, (uint64_t)(int64_t)delta,
+                           __ATOMIC_RELAXED);
 }
 
 /* Sets the bit of `address`. 1: set; 0: it was set already (a sampled
@@ -129,26 +121,25 @@ static int set_bit(uintptr_t address)
 {
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
     uint64_t bit = ddheap_shadow_bit(address);
-    ddheap_shadow_count(address, 1);
     for (;;) {
-        uint64_t *target, seen;
-        enum scan_result r = scan_for_mark(span, bit, &target, &seen);
-        if (r == SCAN_STALE) {
-            ddheap_shadow_count(address, -1); /* counted when it was set */
+        unsigned level = 0;
+        struct ddheap_shadow_slot s = scan_all(span, bit, &level);
+        if (s.stale)
             return 0;
-        }
-        if (r == SCAN_FULL) {
+        if (s.word == NULL) {
             unsigned mapped = ddheap_shadow_levels_mapped();
             if (mapped < DDHEAP__SHADOW_LEVELS && install_level(mapped) != NULL)
                 continue;
-            ddheap_shadow_count(address, -1);
             __atomic_add_fetch(&ddheap_shared_v3.shadow_overflow, 1, __ATOMIC_RELAXED);
             return -1;
         }
-        uint64_t next = (seen & DDHEAP_SHADOW_SLOTS) ? (seen | bit) : (span << 16 | bit);
-        if (__atomic_compare_exchange_n(target, &seen, next, false, __ATOMIC_RELEASE,
-                                        __ATOMIC_RELAXED))
+        /* counted before the bit is set, as every count (mark_shadow.h) */
+        ddheap_shadow_count(address, 1);
+        count_upper(level, 1);
+        if (ddheap_shadow_try_set(&s, span << 16, bit))
             return 1;
+        count_upper(level, -1);
+        ddheap_shadow_count(address, -1);
         /* the word changed under us: look again */
     }
 }
@@ -158,7 +149,7 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
     uintptr_t address = (uintptr_t)raw;
     /* A bit says one thing, "sampled and reported": no room for an offset
      * or extra bytes (mark_extra never asks for any). */
-    if (offset != 0 || extra != 0 || !reported || !ddheap_shadow_markable(address))
+    if (offset != 0 || extra != 0 || !reported || raw == NULL || !ddheap_shadow_markable(address))
         return NULL;
     int saved_errno = errno;
     int outcome = -1;
@@ -177,8 +168,7 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
     return raw;
 }
 
-/* Clears the bit of `address` in whichever mapped level holds it; false
- * if none does. */
+/* Clears the bit of `address` in whichever mapped table holds it. */
 static bool clear_bit(uintptr_t address)
 {
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
@@ -187,8 +177,10 @@ static bool clear_bit(uintptr_t address)
         uint64_t *level = ddheap_shadow_level(k);
         if (level == NULL)
             break;
-        if (ddheap_shadow_clear_in_line(ddheap_shadow_line(level, k, span), span, bit))
+        if (ddheap_shadow_clear_in(ddheap_shadow_bucket(level, k, span), span << 16, bit)) {
+            count_upper(k, -1); /* after the clear */
             return true;
+        }
     }
     return false;
 }
@@ -199,24 +191,21 @@ bool ddheap_mark_lookup(void *user, struct ddheap_mark *out)
     if (!ddheap_shadow_markable(address))
         return false;
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
-    uint64_t bit = ddheap_shadow_bit(address);
-    for (unsigned k = 0; k < DDHEAP__SHADOW_LEVELS; k++) {
+    struct ddheap_shadow_slot s = {NULL, 0, false, false};
+    for (unsigned k = 0; k < DDHEAP__SHADOW_LEVELS && !s.stale; k++) {
         uint64_t *level = ddheap_shadow_level(k);
         if (level == NULL)
             break;
-        uint64_t *line = ddheap_shadow_line(level, k, span);
-        for (unsigned i = 0; i < DDHEAP_SHADOW_LINE_WORDS; i++) {
-            uint64_t w = __atomic_load_n(&line[i], __ATOMIC_RELAXED);
-            if ((w >> 16) == span && (w & bit)) {
-                out->raw = user;
-                out->extra = 0;
-                out->offset = 0;
-                out->reported = true;
-                return true;
-            }
-        }
+        ddheap_shadow_look(ddheap_shadow_bucket(level, k, span), span << 16,
+                           ddheap_shadow_bit(address), &s);
     }
-    return false;
+    if (!s.stale)
+        return false;
+    out->raw = user;
+    out->extra = 0;
+    out->offset = 0;
+    out->reported = true;
+    return true;
 }
 
 bool ddheap_unmark(void *user, struct ddheap_mark *out)
@@ -248,25 +237,36 @@ unsigned ddheap_shadow_levels_mapped(void)
     return k;
 }
 
-/* Resident bytes of [start, start + bytes), page-aligned outward. */
+/* Bytes of memory that [start, start + bytes) holds, page-aligned outward:
+ * pages present and private to the process (/proc/self/pagemap bits 63 and
+ * 56). A page only ever read maps the kernel's shared zero page, which
+ * costs nothing and is not counted (mincore would count it). */
 static size_t resident_bytes(const void *start, size_t bytes)
 {
     long page_size = sysconf(_SC_PAGESIZE);
     size_t page = page_size > 0 ? (size_t)page_size : DDHEAP__PAGE;
     uintptr_t first = (uintptr_t)start & ~(uintptr_t)(page - 1);
     uintptr_t end = ((uintptr_t)start + bytes + page - 1) & ~(uintptr_t)(page - 1);
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
     size_t resident = 0;
-    unsigned char vec[256];
+    uint64_t entries[512];
     for (uintptr_t at = first; at < end;) {
         size_t pages = (end - at) / page;
-        if (pages > sizeof vec)
-            pages = sizeof vec;
-        if (mincore((void *)at, pages * page, vec) != 0)
-            return resident;
+        if (pages > sizeof entries / sizeof *entries)
+            pages = sizeof entries / sizeof *entries;
+        ssize_t got = pread(fd, entries, pages * sizeof *entries,
+                            (off_t)(at / page * sizeof *entries));
+        if (got <= 0)
+            break;
+        pages = (size_t)got / sizeof *entries;
         for (size_t i = 0; i < pages; i++)
-            resident += (vec[i] & 1) ? page : 0;
+            if ((entries[i] >> 63 & 1) && (entries[i] >> 56 & 1))
+                resident += page;
         at += pages * page;
     }
+    close(fd);
     return resident;
 }
 

@@ -15,15 +15,25 @@
  * that holds both the bit and the span it belongs to, so a bit can never be
  * set or cleared on behalf of another span: words are reused the moment
  * they empty, with no reclaim step to race with.
+ *
+ * Tables are direct-mapped to buckets of two adjacent words (one cache
+ * line), with a hash of their own per table. A span's bits live in a word
+ * of its bucket in some table; a mark prefers the span's own word, then an
+ * empty one, in the first table that has either. shadow_upper_live counts
+ * the bits set beyond the first table (raised before such a bit is set,
+ * lowered after it is cleared), so while it is zero every operation reads
+ * two words: the quick paths below. Otherwise ddheap_mark_at() and
+ * ddheap_unmark() look at every table.
  */
 #ifndef DDHEAP_MARK_SHADOW_H
 #define DDHEAP_MARK_SHADOW_H
 
 #define DDHEAP_SHADOW_SPAN_SHIFT 7u
 #define DDHEAP_SHADOW_SLOTS UINT64_C(0xffff)
-#define DDHEAP_SHADOW_LINE_WORDS 8u
-/* Level k of the tables has 2^(LEVEL0_LINES_SHIFT + k) lines of 8 words. */
-#define DDHEAP_SHADOW_LEVEL0_LINES_SHIFT 11u
+/* Table k has 2^(LEVEL0_BUCKETS_SHIFT + k) buckets of 2 words (table 0:
+ * 256 KiB of address space, written only where marks land). */
+#define DDHEAP_SHADOW_BUCKET_WORDS 2u
+#define DDHEAP_SHADOW_LEVEL0_BUCKETS_SHIFT 14u
 
 /* Same alignment rule as the other schemes, so that which blocks can be
  * sampled does not depend on the scheme; the mark needs no room at all. */
@@ -44,10 +54,12 @@ static inline bool ddheap_mark_thread_ready(struct ddheap__thread *t)
 /* Whether a block at `address` can carry a mark: 8-byte aligned (one bit
  * per 8 bytes cannot tell apart two blocks that start in the same 8 bytes)
  * and below 2^55, so that its span fits the 48 bits of a word's tag (a
- * pointer whose top byte is set, say by HWASan, is never marked). */
+ * pointer whose top byte is set, say by HWASan, is never marked). NULL
+ * passes, harmlessly: it is never marked (a failed allocation is not
+ * sampled), so looking for it finds nothing. */
 static inline bool ddheap_shadow_markable(uintptr_t address)
 {
-    return address != 0 && (address & 7) == 0 && ((uint64_t)address >> 55) == 0;
+    return ((uint64_t)address & UINT64_C(0xff80000000000007)) == 0;
 }
 
 static inline uint64_t ddheap_shadow_bit(uintptr_t address)
@@ -55,12 +67,14 @@ static inline uint64_t ddheap_shadow_bit(uintptr_t address)
     return UINT64_C(1) << (((uint64_t)address >> 3) & 15);
 }
 
-/* The line of level k where words of `span` live (a multiplicative hash:
- * neighbouring spans land on different lines). */
-static inline uint64_t *ddheap_shadow_line(uint64_t *level, unsigned k, uint64_t span)
+/* The bucket of `span` in table k: a multiplicative hash, with a
+ * multiplier of its own per table, so that spans sharing a bucket in one
+ * table rarely share it in the next. */
+static inline uint64_t *ddheap_shadow_bucket(uint64_t *level, unsigned k, uint64_t span)
 {
-    uint64_t h = span * UINT64_C(0x9e3779b97f4a7c15);
-    return level + (h >> (64 - DDHEAP_SHADOW_LEVEL0_LINES_SHIFT - k)) * DDHEAP_SHADOW_LINE_WORDS;
+    uint64_t multiplier = UINT64_C(0x9e3779b97f4a7c15) ^ ((uint64_t)k * UINT64_C(0x5851f42d4c957f2e));
+    return level + ((span * multiplier) >> (64 - DDHEAP_SHADOW_LEVEL0_BUCKETS_SHIFT - k)) *
+                       DDHEAP_SHADOW_BUCKET_WORDS;
 }
 
 static inline uint64_t *ddheap_shadow_level(unsigned k)
@@ -123,59 +137,90 @@ static inline void ddheap_shadow_unmarked(void *user, struct ddheap_mark *out)
     out->reported = true;
 }
 
-/* The quick mark of a fresh block, when only the first table exists and
- * the block's line in it has room: a bit set with one compare-and-swap.
- * NULL, with nothing changed, for everything else (the first mark of the
- * process, a bit already set by a block freed behind ddheap's back, a full
- * line, a lost race): ddheap_mark_at() then does it the long way. */
+/* What looking at buckets found for (span, bit). */
+struct ddheap_shadow_slot {
+    uint64_t *word; /* where to set the bit: the span's own word, else an empty one */
+    uint64_t seen;  /* its value when read */
+    bool own;       /* word is the span's own (holds other bits of the span) */
+    bool stale;     /* the bit is set already */
+};
+
+/* Looks at one bucket, after those already looked at in `s`. Every word is
+ * read: two marks racing for a span can each claim a word of the bucket,
+ * and the bit may be in either. */
+static inline void ddheap_shadow_look(uint64_t *bucket, uint64_t key, uint64_t bit,
+                                      struct ddheap_shadow_slot *s)
+{
+    uint64_t mask = ~DDHEAP_SHADOW_SLOTS | bit;
+    for (unsigned i = 0; i < DDHEAP_SHADOW_BUCKET_WORDS; i++) {
+        uint64_t w = __atomic_load_n(&bucket[i], __ATOMIC_RELAXED);
+        if ((w & mask) == (key | bit))
+            s->stale = true;
+        if ((w & DDHEAP_SHADOW_SLOTS) == 0) {
+            if (s->word == NULL) {
+                s->word = &bucket[i];
+                s->seen = w;
+            }
+        } else if (!s->own && (w & ~DDHEAP_SHADOW_SLOTS) == key) {
+            s->own = true;
+            s->word = &bucket[i];
+            s->seen = w;
+        }
+    }
+}
+
+/* One attempt at setting the bit where a look decided: true if set. */
+static inline bool ddheap_shadow_try_set(const struct ddheap_shadow_slot *s, uint64_t key,
+                                         uint64_t bit)
+{
+    uint64_t seen = s->seen;
+    uint64_t next = (seen & DDHEAP_SHADOW_SLOTS) ? (seen | bit) : (key | bit);
+    return __atomic_compare_exchange_n(s->word, &seen, next, false, __ATOMIC_RELEASE,
+                                       __ATOMIC_RELAXED);
+}
+
+static inline bool ddheap_shadow_upper_empty(void)
+{
+    return __atomic_load_n(&ddheap_shared_v3.shadow_upper_live, __ATOMIC_RELAXED) == 0;
+}
+
+/* The quick mark of a fresh block, while no bit is set beyond the first
+ * table: the two words of its bucket read, one compare-and-swap. NULL, with
+ * nothing changed, for everything else (the first mark of the process, a
+ * bit already set by a block freed behind ddheap's back, a full bucket, a
+ * lost race): ddheap_mark_at() then does it the long way. */
 static inline void *ddheap_mark_fresh(void *raw, size_t extra)
 {
     uintptr_t address = (uintptr_t)raw;
     uint64_t *level0 = ddheap_shadow_level(0);
     (void)extra; /* always 0: mark_extra never asks for room */
     if (DDHEAP__UNLIKELY(level0 == NULL || !ddheap_shadow_markable(address) ||
-                         ddheap_shadow_level(1) != NULL))
+                         !ddheap_shadow_upper_empty()))
         return NULL;
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
-    uint64_t bit = ddheap_shadow_bit(address);
-    uint64_t *line = ddheap_shadow_line(level0, 0, span);
-    uint64_t *target = NULL, seen = 0;
-    for (unsigned i = 0; i < DDHEAP_SHADOW_LINE_WORDS; i++) {
-        uint64_t w = __atomic_load_n(&line[i], __ATOMIC_RELAXED);
-        if ((w & DDHEAP_SHADOW_SLOTS) == 0) {
-            if (target == NULL) {
-                target = &line[i];
-                seen = w;
-            }
-        } else if ((w >> 16) == span) {
-            if (w & bit)
-                return NULL; /* a stale mark: the long way reports it */
-            if (target == NULL || (seen & DDHEAP_SHADOW_SLOTS) == 0) {
-                target = &line[i]; /* a word of this span before an empty one */
-                seen = w;
-            }
-        }
-    }
-    if (DDHEAP__UNLIKELY(target == NULL))
+    uint64_t key = span << 16, bit = ddheap_shadow_bit(address);
+    struct ddheap_shadow_slot s = {NULL, 0, false, false};
+    ddheap_shadow_look(ddheap_shadow_bucket(level0, 0, span), key, bit, &s);
+    if (DDHEAP__UNLIKELY(s.word == NULL || s.stale))
         return NULL;
-    uint64_t next = (seen & DDHEAP_SHADOW_SLOTS) ? (seen | bit) : (span << 16 | bit);
     ddheap_shadow_count(address, 1);
-    if (DDHEAP__UNLIKELY(!__atomic_compare_exchange_n(target, &seen, next, false, __ATOMIC_RELEASE,
-                                                      __ATOMIC_RELAXED))) {
+    if (DDHEAP__UNLIKELY(!ddheap_shadow_try_set(&s, key, bit))) {
         ddheap_shadow_count(address, -1);
         return NULL;
     }
     return raw;
 }
 
-/* Clears the bit of `address` if a word of `line` holds it: the test and
- * the clear are one compare-and-swap on the word that also names the span. */
-static inline bool ddheap_shadow_clear_in_line(uint64_t *line, uint64_t span, uint64_t bit)
+/* Clears the bit of (span, bit) if a word of `bucket` holds it: the test
+ * and the clear are one compare-and-swap on the word that also names the
+ * span, retried while only other bits of the word changed. */
+static inline bool ddheap_shadow_clear_in(uint64_t *bucket, uint64_t key, uint64_t bit)
 {
-    for (unsigned i = 0; i < DDHEAP_SHADOW_LINE_WORDS; i++) {
-        uint64_t w = __atomic_load_n(&line[i], __ATOMIC_RELAXED);
-        while ((w >> 16) == span && (w & bit)) {
-            if (__atomic_compare_exchange_n(&line[i], &w, w & ~bit, false, __ATOMIC_ACQ_REL,
+    uint64_t mask = ~DDHEAP_SHADOW_SLOTS | bit, want = key | bit;
+    for (unsigned i = 0; i < DDHEAP_SHADOW_BUCKET_WORDS; i++) {
+        uint64_t w = __atomic_load_n(&bucket[i], __ATOMIC_RELAXED);
+        while ((w & mask) == want) {
+            if (__atomic_compare_exchange_n(&bucket[i], &w, w & ~bit, false, __ATOMIC_ACQ_REL,
                                             __ATOMIC_RELAXED))
                 return true;
         }
@@ -184,22 +229,22 @@ static inline bool ddheap_shadow_clear_in_line(uint64_t *line, uint64_t span, ui
 }
 
 /* The quick unmark, for a pointer whose summary counter was non-zero:
- * 1 when its bit was set (now clear, counted down), 0 when it was not,
- * -1 when more than the first table exists (ddheap_unmark() walks them). */
+ * 1 when its bit was set in the first table (now clear, counted down), 0
+ * when it is set nowhere, -1 when bits beyond the first table exist and it
+ * was not in the first (ddheap_unmark() looks at the others). */
 static inline int ddheap_unmark_quick(void *user, struct ddheap_mark *out)
 {
     uintptr_t address = (uintptr_t)user;
     uint64_t *level0 = ddheap_shadow_level(0);
     if (level0 == NULL || !ddheap_shadow_markable(address))
         return 0;
-    if (DDHEAP__UNLIKELY(ddheap_shadow_level(1) != NULL))
-        return -1;
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
-    if (!ddheap_shadow_clear_in_line(ddheap_shadow_line(level0, 0, span), span,
-                                     ddheap_shadow_bit(address)))
-        return 0;
-    ddheap_shadow_unmarked(user, out);
-    return 1;
+    if (ddheap_shadow_clear_in(ddheap_shadow_bucket(level0, 0, span), span << 16,
+                               ddheap_shadow_bit(address))) {
+        ddheap_shadow_unmarked(user, out);
+        return 1;
+    }
+    return ddheap_shadow_upper_empty() ? 0 : -1;
 }
 
 /* mark_shadow.c, from ddheap_process_init(): binds mmap and munmap, which
@@ -207,8 +252,9 @@ static inline int ddheap_unmark_quick(void *user, struct ddheap_mark *out)
 void ddheap_shadow_process_init(void);
 
 /* Metadata the scheme holds: bytes of tables mapped (*mapped, may be NULL)
- * and bytes of tables and summary resident in memory (the return value),
- * as mincore(2) sees them. For tests and benchmarks. */
+ * and bytes of tables and summary resident in memory (the return value:
+ * pages the process wrote, from /proc/self/pagemap; 0 if it cannot be
+ * read). For tests and benchmarks. */
 size_t ddheap_shadow_metadata_bytes(size_t *mapped);
 /* Number of tables mapped so far. */
 unsigned ddheap_shadow_levels_mapped(void);

@@ -119,11 +119,12 @@ struct ddheap__shared {
      * opener writes through it; NULL once the copy is unloaded). */
     uintptr_t free_gates[DDHEAP__FREE_GATES];
     /* Shadow scheme (src/mark_shadow.c): the tables of bitmap words,
-     * installed lazily by compare-and-swap (NULL: not mapped yet), and the
-     * sampled blocks that found no room in any of them. */
+     * installed lazily by compare-and-swap (NULL: not mapped yet); the bits
+     * set in tables other than the first (0: a lookup reads the first
+     * only); the sampled blocks that found no room in any table. */
     uint64_t *shadow_levels[DDHEAP__SHADOW_LEVELS];
+    uint64_t shadow_upper_live;
     uint64_t shadow_overflow;
-    uint64_t line3_pad[1];
     /* Shadow summary: counter i is at least the number of set bits for
      * addresses whose bits 12..31 equal i (saturating at 255, then sticky).
      * Zero lets a free skip the bitmap. */

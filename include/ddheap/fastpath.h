@@ -219,8 +219,16 @@ static inline int ddheap__may_be_marked(void *ptr)
         return 0;
     /* The summary: a zero counter for the address's bits 12..31 means no
      * bit is set for any address there (src/mark_shadow.h). The 32-bit
-     * shift is the mask. Reads only ddheap's own memory. */
-    return ddheap__nonzero8(&ddheap_shared_v3.shadow_summary[(uint32_t)(uintptr_t)ptr >> 12]);
+     * shift is the mask. Reads only ddheap's own memory. In an executable
+     * the summary's address is hidden from the optimiser: GCC would
+     * otherwise compute the shared object's address once for both tests,
+     * and the first one, paid by every free, would take two instructions
+     * instead of one. (In a shared library both come from one GOT load.) */
+    const uint8_t *summary = ddheap_shared_v3.shadow_summary;
+#if !(defined(__PIC__) && !defined(__PIE__))
+    __asm__("" : "+r"(summary));
+#endif
+    return ddheap__nonzero8(&summary[(uint32_t)(uintptr_t)ptr >> 12]);
 #else
 #if defined(__PIC__) && !defined(__PIE__)
     /* A shared library: this copy's own gate first (coldpath.h), one

@@ -273,7 +273,10 @@ static void do_alloc(struct block *b, size_t size, size_t align, bool zero, uint
     dd_alloc_req_t req = dd_allocation_requested(size, align);
     CHECK(errno == saved);
     CHECK(req.size >= size && req.user_size == size && req.alignment == align);
-    unsigned char *p = dd_allocation_created(real_alloc(req.size, req.alignment, zero), req);
+    CHECK(!DDHEAP_MARK_SHADOW || req.size == size); /* shadow: the request as asked */
+    void *raw = real_alloc(req.size, req.alignment, zero);
+    unsigned char *p = dd_allocation_created(raw, req);
+    CHECK(!DDHEAP_MARK_SHADOW || p == raw);
     if (p == NULL)
         return;
     if (align > 1 && (align & (align - 1)) == 0)
@@ -293,6 +296,7 @@ static void do_free(struct block *b, bool sized)
     }
     check_kept(b, b->p, b->size);
     dd_alloc_freed_t f = dd_allocation_freed(b->p, sized ? b->size : 0, sized ? b->align : 0);
+    CHECK(!DDHEAP_MARK_SHADOW || (f.ptr == b->p && f.size == (sized ? b->size : 0)));
     real_free(f.ptr, sized ? f.size : 0);
     b->p = NULL;
 }
@@ -303,6 +307,7 @@ static void do_realloc(struct block *b, size_t size, uint8_t seed)
     dd_realloc_prep_t prep = dd_allocation_realloc_prepare(b->p, size);
     CHECK(errno == 777);
     CHECK(prep.raw_size >= size || (b->p && size == 0));
+    CHECK(!DDHEAP_MARK_SHADOW || (prep.raw_ptr == b->p && (prep.raw_size == size || size == 0)));
     void *raw = real_realloc(prep.raw_ptr, prep.raw_size);
     int after_real = errno;
     unsigned char *q = dd_allocation_realloc_commit(b->p, raw, prep);

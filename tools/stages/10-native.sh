@@ -1,5 +1,6 @@
-# Native (x86-64) build in the default (debug) and release build types:
-# the whole meson test suite, tracer tests included (they need root). Then
+# Native (x86-64) build in the default (debug) and release build types,
+# for the default marking scheme and for shadow marking: the whole meson
+# test suite, tracer tests included (they need root). Then
 # the non-default build options, against the tests that state their
 # behaviour (suite 'options').
 set -euo pipefail
@@ -16,12 +17,12 @@ for buildtype in debug release; do
   setup "$dir" -Dbuildtype=$buildtype
   meson test -C "$dir" --print-errorlogs --num-processes 2
 done
-# Shadow marking: the in-process libc interposition (dd_heap_interpose_libc,
-# tests/interpose) works only there; the unit suite covers it, the preload
-# library is shadow in every build and is traced by the builds above.
-dir=build-ci/native-shadow
-setup "$dir" -Dmarking=shadow
-meson test -C "$dir" --print-errorlogs --num-processes 2 --suite unit
+# Shadow marking (-Dmarking=shadow), the whole suite again, tracer included.
+for buildtype in debug release; do
+  dir=build-ci/native-shadow-$buildtype
+  setup "$dir" -Dbuildtype=$buildtype -Dmarking=shadow
+  meson test -C "$dir" --print-errorlogs --num-processes 2
+done
 dir=build-ci/native-nolive-otel
 setup "$dir" -Dlive_heap=false -Dproviders=otel_memory -Dbench=false -Dexamples=false
 meson test -C "$dir" --print-errorlogs --suite options

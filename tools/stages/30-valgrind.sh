@@ -1,6 +1,7 @@
 # The unit suite under valgrind memcheck (`meson test --setup valgrind`,
 # defined at the end of tests/meson.build): zero errors and zero definite
-# or indirect leaks in every compiled test. A debug build, because the one
+# or indirect leaks in every compiled test, for the default (header) build
+# and for a shadow-marking build without the suppression file. A debug build, because the one
 # suppression (tests/robust/valgrind.supp) names an inline function and
 # needs debug info to see it. First, a canary proves the setup fails on a
 # real invalid read; docs/reliability.md explains the suppression.
@@ -33,3 +34,12 @@ grep -q "Invalid read" "$canary_dir/log"
 meson setup --wipe "$dir" -Dbuildtype=debug >/dev/null 2>&1 || meson setup "$dir" -Dbuildtype=debug
 meson compile -C "$dir"
 meson test -C "$dir" --setup valgrind --suite unit --print-errorlogs --num-processes 2
+
+# The shadow scheme reads nothing outside the blocks it is given: its build
+# runs the same suite with no suppression file at all.
+dir=$root/valgrind-shadow
+opts=(-Dbuildtype=debug -Dmarking=shadow -Dbench=false -Dexamples=false)
+meson setup --wipe "$dir" "${opts[@]}" >/dev/null 2>&1 || meson setup "$dir" "${opts[@]}"
+meson compile -C "$dir"
+DDHEAP_VALGRIND_NO_SUPPRESSIONS=1 \
+  meson test -C "$dir" --setup valgrind --suite unit --print-errorlogs --num-processes 2
