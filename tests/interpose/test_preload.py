@@ -50,8 +50,10 @@ class Build:
         # the emulator itself. Only the C++ program exists for aarch64 here
         # (no arm64 python3 or coreutils are installed).
         self.wrapper = args[7]
-        sites = {n.name: n.location for n in harness.stapsdt.read(self.lib)
-                 if n.provider == "ddheap"}
+        self.providers = [p for p in args[8].split(",") if p]
+        self.cpu = args[9]
+        self.notes = harness.stapsdt.read(self.lib)
+        sites = {n.name: n.location for n in self.notes if n.provider == "ddheap"}
         self.sites = [str(sites["alloc"]), str(sites["free"])]
 
     def balance(self, size=0):
@@ -110,6 +112,9 @@ def test_exports(c, b):
     c.equal(family, sorted(want), "exported functions")
     shared = [s for s in got if s.startswith("ddheap_shared_v")]
     c.check(len(shared) >= 1, f"shared state exported: {shared}")
+    # Its own probes, both providers, each once, arguments in the SysV
+    # registers, each with a semaphore (a tracer names the library).
+    harness.stapsdt.check_each_probe_once(b.notes, b.providers, b.cpu, c.check, linked=True)
     dyn = subprocess.run(["readelf", "-d", b.lib], capture_output=True, text=True, check=True).stdout
     c.check("BIND_NOW" in dyn or re.search(r"FLAGS.*NOW", dyn) is not None,
             "linked -z now (no lazy binding inside malloc)")
@@ -223,7 +228,10 @@ def test_cxx(c, b):
             harness.stop_quietly(t)
         c.equal(result_lines("\n".join(w.lines)), plain,
                 f"interval {interval or 'default'}, traced: same output")
-        check_balance(c, out, f"interval {interval or 'default'}")
+        r = check_balance(c, out, f"interval {interval or 'default'}")
+        if interval == 1:
+            c.equal((r["otel_allocs"], r["otel_frees"]), (r["allocs"], r["frees"]),
+                    "interval 1: otel_memory events = ddheap events")
 
 
 def test_pipeline(c, b):
@@ -255,7 +263,7 @@ NEEDS_TRACER = {"python", "cxx", "pipeline"}
 
 
 def main():
-    if len(sys.argv) != 10 or sys.argv[1] not in TESTS:
+    if len(sys.argv) != 12 or sys.argv[1] not in TESTS:
         print(__doc__)
         return 2
     name = sys.argv[1]
