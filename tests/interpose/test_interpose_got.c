@@ -22,6 +22,7 @@
 #include <malloc.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -191,13 +192,43 @@ static void test_unload_while_interposed(void **state)
     dd_heap_simulate_tracer(false);
 }
 
-/* With another allocator in charge of malloc (libddheap_preload.so here)
- * the call must change nothing. Run in a child started with LD_PRELOAD by
- * the test itself (argv[1] == "--preloaded"). */
+/* With another allocator in charge of malloc the call must change
+ * nothing: libddheap_preload.so (meson runs this program with it and
+ * --preloaded), or a sanitizer's runtime (the sanitizer stage). Valgrind
+ * is not such a case: it redirects glibc's malloc and __libc_malloc alike,
+ * so the wrappers and the program still share one heap, and the whole
+ * test runs under it (the valgrind stage). */
 static int preloaded_child(void)
 {
     int rc = dd_heap_interpose_libc();
     return rc == EBUSY ? 0 : 1;
+}
+
+static bool malloc_replaced_by_a_tool(void)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    return true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+    return true;
+#endif
+#endif
+    return false;
+}
+
+static void test_refuses_foreign_malloc(void **state)
+{
+    (void)state;
+    dd_heap_simulate_tracer(true);
+    dd_set_default_sampling_interval(1);
+    ddheap_test_set_probe_hook(record, NULL);
+    assert_int_equal(dd_heap_interpose_libc(), dd_got_agent_scheme_is_shadow() ? EBUSY : ENOTSUP);
+    reset();
+    free(malloc(1001));
+    assert_int_equal(seen.allocs, 0);
+    assert_int_equal(dd_heap_interpose_libc_stop(), 0);
+    ddheap_test_set_probe_hook(NULL, NULL);
+    dd_heap_simulate_tracer(false);
 }
 
 static void test_refuses(void **state)
@@ -226,6 +257,11 @@ int main(int argc, char **argv)
     const struct CMUnitTest other[] = {
         cmocka_unit_test(test_refuses),
     };
+    const struct CMUnitTest foreign[] = {
+        cmocka_unit_test(test_refuses_foreign_malloc),
+    };
+    if (malloc_replaced_by_a_tool())
+        return cmocka_run_group_tests(foreign, NULL, NULL);
     if (dd_got_agent_scheme_is_shadow())
         return cmocka_run_group_tests(shadow, NULL, NULL);
     return cmocka_run_group_tests(other, NULL, NULL);
