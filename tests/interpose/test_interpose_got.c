@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -246,10 +247,67 @@ static void test_refuses(void **state)
     dd_heap_simulate_tracer(false);
 }
 
+/* --traced: the same story for a real tracer (test_interpose_traced.py
+ * attaches bpftrace to the agent's probes): between two lines read on
+ * stdin, the rewrite is turned on, blocks of 1001 bytes (executable) and
+ * 1002 (the library linked before start) are allocated and freed with the
+ * plugin loaded after the rewrite doing its work; then it is turned off,
+ * and blocks of 1003 bytes from both, which no tracer may see, follow. */
+static int wait_line(void)
+{
+    char line[64];
+    return fgets(line, sizeof line, stdin) != NULL;
+}
+
+static int traced_run(void)
+{
+    enum { N = 100 };
+    printf("got: pid %d\n", (int)getpid());
+    fflush(stdout);
+    if (!wait_line())
+        return 1;
+    char *early = malloc(1003); /* before the rewrite: never reported */
+    int rc = dd_heap_interpose_libc();
+    if (rc != 0) {
+        printf("got: dd_heap_interpose_libc returned %d\n", rc);
+        return 1;
+    }
+    char *mine[N], *theirs[N];
+    for (int i = 0; i < N; i++) {
+        mine[i] = malloc(1001);
+        theirs[i] = dd_got_before_alloc(1002);
+    }
+    void *handle = dlopen(DDHEAP_TEST_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+    void *sym = handle != NULL ? dlsym(handle, "dd_interpose_plugin_work") : NULL;
+    if (sym == NULL)
+        return 1;
+    work_fn *work;
+    memcpy(&work, &sym, sizeof work);
+    uint64_t h = work(200);
+    for (int i = 0; i < N; i++) {
+        free(mine[i]);
+        dd_got_before_free(theirs[i]);
+    }
+    free(early);
+    if (dd_heap_interpose_libc_stop() != 0)
+        return 1;
+    for (int i = 0; i < N; i++) {
+        free(malloc(1003));
+        dd_got_before_free(dd_got_before_alloc(1003));
+    }
+    h += work(50);
+    dlclose(handle);
+    printf("got: done plugin_allocs=%lu check=%llu\n", plugin_allocs(200), (unsigned long long)h);
+    fflush(stdout);
+    return wait_line() ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--preloaded") == 0)
         return preloaded_child();
+    if (argc > 1 && strcmp(argv[1], "--traced") == 0)
+        return traced_run();
     const struct CMUnitTest shadow[] = {
         cmocka_unit_test(test_rewrite_and_restore),
         cmocka_unit_test(test_unload_while_interposed),
