@@ -37,7 +37,7 @@
  * Hazards: everything here may run inside a malloc, in a signal handler or
  * in a child just forked: lock-free atomics and mmap only, errno kept.
  */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, pread */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE, mincore, pread */
 #include "mark.h"
 
 #include <errno.h>
@@ -237,16 +237,25 @@ unsigned ddheap_shadow_levels_mapped(void)
     return k;
 }
 
-/* Bytes of memory that [start, start + bytes) holds, page-aligned outward:
- * pages present and private to the process (/proc/self/pagemap bits 63 and
- * 56). A page only ever read maps the kernel's shared zero page, which
- * costs nothing and is not counted (mincore would count it). */
-static size_t resident_bytes(const void *start, size_t bytes)
+/* Page-aligned bounds of [start, start + bytes), outward. */
+static void page_bounds(const void *start, size_t bytes, size_t *page, uintptr_t *first,
+                        uintptr_t *end)
 {
     long page_size = sysconf(_SC_PAGESIZE);
-    size_t page = page_size > 0 ? (size_t)page_size : DDHEAP__PAGE;
-    uintptr_t first = (uintptr_t)start & ~(uintptr_t)(page - 1);
-    uintptr_t end = ((uintptr_t)start + bytes + page - 1) & ~(uintptr_t)(page - 1);
+    *page = page_size > 0 ? (size_t)page_size : DDHEAP__PAGE;
+    *first = (uintptr_t)start & ~(uintptr_t)(*page - 1);
+    *end = ((uintptr_t)start + bytes + *page - 1) & ~(uintptr_t)(*page - 1);
+}
+
+/* Bytes of memory that [start, start + bytes) holds: pages present and
+ * private to the process (/proc/self/pagemap bits 63 and 56). A page only
+ * ever read maps the kernel's shared zero page, which costs nothing and is
+ * not counted. 0 if pagemap cannot be read. */
+static size_t written_bytes(const void *start, size_t bytes)
+{
+    size_t page;
+    uintptr_t first, end;
+    page_bounds(start, bytes, &page, &first, &end);
     int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -270,21 +279,46 @@ static size_t resident_bytes(const void *start, size_t bytes)
     return resident;
 }
 
+/* Bytes of [start, start + bytes) mapped in memory, as mincore(2) says:
+ * an upper bound of written_bytes (pages only read count too), for where
+ * pagemap says nothing (qemu-user shows the host's view of it). */
+static size_t resident_bytes(const void *start, size_t bytes)
+{
+    size_t page;
+    uintptr_t first, end;
+    page_bounds(start, bytes, &page, &first, &end);
+    size_t resident = 0;
+    unsigned char vec[256];
+    for (uintptr_t at = first; at < end;) {
+        size_t pages = (end - at) / page;
+        if (pages > sizeof vec)
+            pages = sizeof vec;
+        if (mincore((void *)at, pages * page, vec) != 0)
+            return resident;
+        for (size_t i = 0; i < pages; i++)
+            resident += (vec[i] & 1) ? page : 0;
+        at += pages * page;
+    }
+    return resident;
+}
+
 size_t ddheap_shadow_metadata_bytes(size_t *mapped)
 {
-    size_t total_mapped = 0, resident = 0;
+    size_t total_mapped = 0, written = 0, resident = 0;
     for (unsigned k = 0; k < DDHEAP__SHADOW_LEVELS; k++) {
         uint64_t *level = ddheap_shadow_level(k);
         if (level == NULL)
             break;
         total_mapped += level_bytes(k);
+        written += written_bytes(level, level_bytes(k));
         resident += resident_bytes(level, level_bytes(k));
     }
-    resident += resident_bytes(ddheap_shared_v3.shadow_summary,
-                               sizeof ddheap_shared_v3.shadow_summary);
+    const uint8_t *summary = ddheap_shared_v3.shadow_summary;
+    written += written_bytes(summary, sizeof ddheap_shared_v3.shadow_summary);
+    resident += resident_bytes(summary, sizeof ddheap_shared_v3.shadow_summary);
     if (mapped)
         *mapped = total_mapped;
-    return resident;
+    return written ? written : resident;
 }
 
 #endif /* DDHEAP_MARK_SHADOW */

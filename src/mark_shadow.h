@@ -72,7 +72,8 @@ static inline uint64_t ddheap_shadow_bit(uintptr_t address)
  * table rarely share it in the next. */
 static inline uint64_t *ddheap_shadow_bucket(uint64_t *level, unsigned k, uint64_t span)
 {
-    uint64_t multiplier = UINT64_C(0x9e3779b97f4a7c15) ^ ((uint64_t)k * UINT64_C(0x5851f42d4c957f2e));
+    uint64_t multiplier =
+        UINT64_C(0x9e3779b97f4a7c15) ^ ((uint64_t)k * UINT64_C(0x5851f42d4c957f2e)); /* odd */
     return level + ((span * multiplier) >> (64 - DDHEAP_SHADOW_LEVEL0_BUCKETS_SHIFT - k)) *
                        DDHEAP_SHADOW_BUCKET_WORDS;
 }
@@ -90,8 +91,9 @@ static inline uint8_t *ddheap_shadow_summary_of(uintptr_t address)
 }
 
 /* Counters saturate at 255 and then stay there: an entry shared by that
- * many live marks (addresses 4 GiB apart share one, or a page of tiny blocks at
- * interval 1) keeps sending its frees to the walk, which stays exact. */
+ * many live marks (addresses 4 GiB apart share one; so do the blocks of a
+ * page of tiny blocks at interval 1) keeps sending its frees to the walk,
+ * which stays exact. */
 static inline void ddheap_shadow_summary_add(uintptr_t address)
 {
     uint8_t *c = ddheap_shadow_summary_of(address);
@@ -252,9 +254,9 @@ static inline int ddheap_unmark_quick(void *user, struct ddheap_mark *out)
 void ddheap_shadow_process_init(void);
 
 /* Metadata the scheme holds: bytes of tables mapped (*mapped, may be NULL)
- * and bytes of tables and summary resident in memory (the return value:
- * pages the process wrote, from /proc/self/pagemap; 0 if it cannot be
- * read). For tests and benchmarks. */
+ * and bytes of tables and summary in memory (the return value: pages the
+ * process wrote, from /proc/self/pagemap; where that says nothing, pages
+ * resident per mincore(2), an upper bound). For tests and benchmarks. */
 size_t ddheap_shadow_metadata_bytes(size_t *mapped);
 /* Number of tables mapped so far. */
 unsigned ddheap_shadow_levels_mapped(void);

@@ -134,8 +134,9 @@ struct ddheap__shared {
 extern struct ddheap__shared ddheap_shared_v3 __attribute__((visibility("default")));
 
 /* The free path's first test in a shared library (header and shadow
- * schemes). There, reading live_marked (shadow_live) takes two instructions and a branch: the address of
- * ddheap_shared_v3 comes from the GOT. This per-copy byte is read
+ * schemes). There, reading live_marked (shadow_live) takes two
+ * instructions and a branch: the address of ddheap_shared_v3 comes from
+ * the GOT. This per-copy byte is read
  * RIP-relative, in one compare: 0 means no block has ever been marked in
  * the process (and none can be without this byte changing first); 1, the
  * initial value, means "not known yet" (the copy's constructor has not run,
