@@ -47,6 +47,22 @@ for h in ddheap.h ddheap/fastpath.h ddheap/coldpath.h ddheap/testing.h ddheap/co
   test -f "$work/root$prefix/include/$h"; result $? "installed include/$h"
 done
 unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
+# The interposer (docs/interpose.md): the library in libdir, ddheap-run in
+# bindir naming that installed path and the installed scripts; the
+# installed ddheap-run runs a program with the installed library.
+libdir=$(meson introspect --buildoptions "$build" | python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="libdir"))')
+preload="$prefix/$libdir/libddheap_preload.so"
+test -f "$work/root$preload"; result $? "installed $libdir/libddheap_preload.so"
+test -x "$work/root$prefix/bin/ddheap-run" && grep -q "$preload" "$work/root$prefix/bin/ddheap-run"
+result $? "installed bin/ddheap-run, naming $preload"
+# The bpftrace line it prints names the installed ddheap-live.bt.
+script=$(DDHEAP_PRELOAD_LIB="$work/root$preload" "$work/root$prefix/bin/ddheap-run" true 2>&1 >/dev/null | sed -n 's/^ddheap-run: bpftrace \([^ ]*\) .*/\1/p')
+test -n "$script" && test -x "$work/root$script"
+result $? "installed ddheap-run names the installed script ${script:-(none)}"
+rc=0
+out=$(DDHEAP_PRELOAD_LIB="$work/root$preload" "$work/root$prefix/bin/ddheap-run" sh -c 'echo "$LD_PRELOAD"' 2>/dev/null) &&
+  [ "$out" = "$work/root$preload" ] || rc=1
+result $rc "installed ddheap-run preloads the library"
 
 # The tools, where tools/meson.build puts them, executable, with their
 # interpreter line.

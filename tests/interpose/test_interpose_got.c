@@ -22,8 +22,10 @@
 #include <malloc.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -59,6 +61,17 @@ static void reset(void)
     memset(&seen, 0, sizeof seen);
 }
 
+/* Every block escapes through here: at -O2 GCC removes a malloc (or
+ * calloc, aligned_alloc) whose result is only freed, and the wrappers
+ * would then have nothing to report. */
+static void *volatile sink;
+
+static void *kept(void *p)
+{
+    sink = p;
+    return p;
+}
+
 typedef uint64_t work_fn(unsigned rounds);
 
 static work_fn *load_plugin(void **handle)
@@ -88,7 +101,7 @@ static void test_rewrite_and_restore(void **state)
 
     /* Before: nothing is hooked; these blocks were never seen. */
     reset();
-    char *early_main = malloc(1001);
+    char *early_main = kept(malloc(1001));
     char *early_lib = dd_got_before_alloc(1002);
     assert_non_null(early_main);
     assert_non_null(early_lib);
@@ -97,15 +110,19 @@ static void test_rewrite_and_restore(void **state)
     assert_int_equal(dd_heap_interpose_libc(), 0);
 
     reset();
-    char *a = malloc(1001);
+    char *a = kept(malloc(1001));
     char *b = dd_got_before_alloc(1002);
-    char *s = strdup("hello"); /* libc calls its malloc through its own GOT */
-    char *c = calloc(3, 1001);
+    /* libc calls its malloc through its own GOT. Through a volatile
+     * pointer: at -O2 GCC would otherwise turn strdup of a constant into
+     * this program's own malloc and memcpy. */
+    char *(*volatile libc_strdup)(const char *) = strdup;
+    char *s = libc_strdup("hello");
+    char *c = kept(calloc(3, 1001));
     void *d = NULL;
     assert_int_equal(posix_memalign(&d, 64, 4004), 0);
-    void *e = aligned_alloc(4096, 5005);
-    void *f = memalign(128, 6006);
-    void *g = valloc(7007);
+    void *e = kept(aligned_alloc(4096, 5005));
+    void *f = kept(memalign(128, 6006));
+    void *g = kept(valloc(7007));
     assert_true((uintptr_t)d % 64 == 0 && (uintptr_t)e % 4096 == 0 && (uintptr_t)f % 128 == 0);
     assert_true((uintptr_t)g % (uintptr_t)sysconf(_SC_PAGESIZE) == 0);
     assert_int_equal(seen.of_size[0], 1);
@@ -117,7 +134,7 @@ static void test_rewrite_and_restore(void **state)
     assert_int_equal(seen.of_size[6], 1);
     assert_int_equal(seen.of_size[7], 1);
     assert_int_equal(seen.allocs, 8);
-    a = realloc(a, 20000); /* a free and an alloc */
+    a = kept(realloc(a, 20000)); /* a free and an alloc */
     assert_int_equal(seen.allocs, 9);
     assert_int_equal(seen.frees, 1);
 
@@ -152,7 +169,7 @@ static void test_rewrite_and_restore(void **state)
     assert_int_equal(dd_heap_interpose_libc_stop(), 0);
     reset();
     free(a);
-    char *after = malloc(1001);
+    char *after = kept(malloc(1001));
     dd_got_before_free(dd_got_before_alloc(1002));
     work(50);
     assert_int_equal(seen.allocs, 0);
@@ -184,20 +201,50 @@ static void test_unload_while_interposed(void **state)
     work = load_plugin(&handle);
     reset();
     work(30);
-    free(malloc(1001));
+    free(kept(malloc(1001)));
     assert_int_equal(seen.allocs, 0);
     dlclose(handle);
     ddheap_test_set_probe_hook(NULL, NULL);
     dd_heap_simulate_tracer(false);
 }
 
-/* With another allocator in charge of malloc (libddheap_preload.so here)
- * the call must change nothing. Run in a child started with LD_PRELOAD by
- * the test itself (argv[1] == "--preloaded"). */
+/* With another allocator in charge of malloc the call must change
+ * nothing: libddheap_preload.so (meson runs this program with it and
+ * --preloaded), or a sanitizer's runtime (the sanitizer stage). Valgrind
+ * is not such a case: it redirects glibc's malloc and __libc_malloc alike,
+ * so the wrappers and the program still share one heap, and the whole
+ * test runs under it (the valgrind stage). */
 static int preloaded_child(void)
 {
     int rc = dd_heap_interpose_libc();
     return rc == EBUSY ? 0 : 1;
+}
+
+static bool malloc_replaced_by_a_tool(void)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    return true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+    return true;
+#endif
+#endif
+    return false;
+}
+
+static void test_refuses_foreign_malloc(void **state)
+{
+    (void)state;
+    dd_heap_simulate_tracer(true);
+    dd_set_default_sampling_interval(1);
+    ddheap_test_set_probe_hook(record, NULL);
+    assert_int_equal(dd_heap_interpose_libc(), dd_got_agent_scheme_is_shadow() ? EBUSY : ENOTSUP);
+    reset();
+    free(kept(malloc(1001)));
+    assert_int_equal(seen.allocs, 0);
+    assert_int_equal(dd_heap_interpose_libc_stop(), 0);
+    ddheap_test_set_probe_hook(NULL, NULL);
+    dd_heap_simulate_tracer(false);
 }
 
 static void test_refuses(void **state)
@@ -208,17 +255,74 @@ static void test_refuses(void **state)
     ddheap_test_set_probe_hook(record, NULL);
     assert_int_equal(dd_heap_interpose_libc(), ENOTSUP);
     reset();
-    free(malloc(1001)); /* nothing was rewritten */
+    free(kept(malloc(1001))); /* nothing was rewritten */
     assert_int_equal(seen.allocs, 0);
     assert_int_equal(dd_heap_interpose_libc_stop(), 0);
     ddheap_test_set_probe_hook(NULL, NULL);
     dd_heap_simulate_tracer(false);
 }
 
+/* --traced: the same story for a real tracer (test_interpose_traced.py
+ * attaches bpftrace to the agent's probes): between two lines read on
+ * stdin, the rewrite is turned on, blocks of 1001 bytes (executable) and
+ * 1002 (the library linked before start) are allocated and freed with the
+ * plugin loaded after the rewrite doing its work; then it is turned off,
+ * and blocks of 1003 bytes from both, which no tracer may see, follow. */
+static int wait_line(void)
+{
+    char line[64];
+    return fgets(line, sizeof line, stdin) != NULL;
+}
+
+static int traced_run(void)
+{
+    enum { N = 100 };
+    printf("got: pid %d\n", (int)getpid());
+    fflush(stdout);
+    if (!wait_line())
+        return 1;
+    char *early = kept(malloc(1003)); /* before the rewrite: never reported */
+    int rc = dd_heap_interpose_libc();
+    if (rc != 0) {
+        printf("got: dd_heap_interpose_libc returned %d\n", rc);
+        return 1;
+    }
+    char *mine[N], *theirs[N];
+    for (int i = 0; i < N; i++) {
+        mine[i] = kept(malloc(1001));
+        theirs[i] = dd_got_before_alloc(1002);
+    }
+    void *handle = dlopen(DDHEAP_TEST_PLUGIN, RTLD_NOW | RTLD_LOCAL);
+    void *sym = handle != NULL ? dlsym(handle, "dd_interpose_plugin_work") : NULL;
+    if (sym == NULL)
+        return 1;
+    work_fn *work;
+    memcpy(&work, &sym, sizeof work);
+    uint64_t h = work(200);
+    for (int i = 0; i < N; i++) {
+        free(mine[i]);
+        dd_got_before_free(theirs[i]);
+    }
+    free(early);
+    if (dd_heap_interpose_libc_stop() != 0)
+        return 1;
+    for (int i = 0; i < N; i++) {
+        free(kept(malloc(1003)));
+        dd_got_before_free(dd_got_before_alloc(1003));
+    }
+    h += work(50);
+    dlclose(handle);
+    printf("got: done plugin_allocs=%lu check=%llu\n", plugin_allocs(200), (unsigned long long)h);
+    fflush(stdout);
+    return wait_line() ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--preloaded") == 0)
         return preloaded_child();
+    if (argc > 1 && strcmp(argv[1], "--traced") == 0)
+        return traced_run();
     const struct CMUnitTest shadow[] = {
         cmocka_unit_test(test_rewrite_and_restore),
         cmocka_unit_test(test_unload_while_interposed),
@@ -226,6 +330,11 @@ int main(int argc, char **argv)
     const struct CMUnitTest other[] = {
         cmocka_unit_test(test_refuses),
     };
+    const struct CMUnitTest foreign[] = {
+        cmocka_unit_test(test_refuses_foreign_malloc),
+    };
+    if (malloc_replaced_by_a_tool())
+        return cmocka_run_group_tests(foreign, NULL, NULL);
     if (dd_got_agent_scheme_is_shadow())
         return cmocka_run_group_tests(shadow, NULL, NULL);
     return cmocka_run_group_tests(other, NULL, NULL);
