@@ -36,18 +36,32 @@ int ddheap_parse_enabled(const char *text)
     return -1;
 }
 
-bool ddheap_parse_interval(const char *text, uint64_t *out)
+/* The decimal digits at the start of `text` (at least one) as a number;
+ * *end points past them. False for no digit (empty, sign, space, garbage)
+ * and for overflow. */
+static bool parse_decimal(const char *text, uint64_t *value, const char **end)
 {
-    uint64_t value = 0;
+    uint64_t v = 0;
     const char *p = text;
     if (*p < '0' || *p > '9')
-        return false; /* empty, sign, space or garbage */
+        return false;
     for (; *p >= '0' && *p <= '9'; p++) {
         uint64_t digit = (uint64_t)(*p - '0');
-        if (value > (UINT64_MAX - digit) / 10)
+        if (v > (UINT64_MAX - digit) / 10)
             return false;
-        value = value * 10 + digit;
+        v = v * 10 + digit;
     }
+    *value = v;
+    *end = p;
+    return true;
+}
+
+bool ddheap_parse_interval(const char *text, uint64_t *out)
+{
+    uint64_t value;
+    const char *p;
+    if (!parse_decimal(text, &value, &p))
+        return false;
     unsigned shift = 0;
     switch (*p) {
     case 'k': case 'K': shift = 10; p++; break;
@@ -65,17 +79,9 @@ bool ddheap_parse_interval(const char *text, uint64_t *out)
 
 bool ddheap_parse_rate(const char *text, uint64_t *out)
 {
-    uint64_t value = 0;
-    const char *p = text;
-    if (*p < '0' || *p > '9')
-        return false; /* empty, sign, space or garbage */
-    for (; *p >= '0' && *p <= '9'; p++) {
-        uint64_t digit = (uint64_t)(*p - '0');
-        if (value > (UINT64_MAX - digit) / 10)
-            return false;
-        value = value * 10 + digit;
-    }
-    if (*p != '\0')
+    uint64_t value;
+    const char *p;
+    if (!parse_decimal(text, &value, &p) || *p != '\0')
         return false;
     *out = value;
     return true;
