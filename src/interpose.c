@@ -147,7 +147,7 @@ static void *wrap_dlmopen(Lmid_t namespace_id, const char *file, int mode)
 struct replacement {
     const char *name;
     void *wrapper;
-    void *glibc; /* glibc's definition, when one of its __libc_* names */
+    void *real; /* glibc's own definition of `name` (libc.so.6), or NULL */
 };
 
 /* Function pointers as data pointers: POSIX guarantees the conversion
@@ -174,7 +174,25 @@ static struct replacement replacements[] = {
 };
 #define N_REPLACEMENTS (sizeof replacements / sizeof replacements[0])
 
-static void fill_replacements(void)
+/* Binds every glibc function the wrappers call, once, outside any malloc:
+ * the object that holds ddheap is never rewritten and need not be linked
+ * -z now, and a lazy binding must never run inside a hooked malloc. */
+static void bind_glibc_entry_points(void)
+{
+    __libc_free(__libc_malloc(1));
+    __libc_free(__libc_calloc(1, 1));
+    __libc_free(__libc_realloc(NULL, 1));
+    __libc_free(__libc_memalign(16, 1));
+    __libc_free(__libc_valloc(1));
+    __libc_free(__libc_pvalloc(1));
+    (void)ddheap_libc_page_size();
+}
+
+/* Fills in the wrappers and glibc's own definitions, looked up in
+ * libc.so.6 itself: in an executable built without -fPIE, the address of a
+ * function taken there is the executable's PLT entry, not glibc's. False
+ * if libc.so.6 is not loaded (a static program, another C library). */
+static bool fill_replacements(void)
 {
     void *wrappers[N_REPLACEMENTS] = {
         AS_DATA(wrap_malloc),         AS_DATA(wrap_free),     AS_DATA(wrap_calloc),
@@ -183,15 +201,15 @@ static void fill_replacements(void)
         AS_DATA(wrap_valloc),         AS_DATA(wrap_pvalloc),  AS_DATA(wrap_dlopen),
         AS_DATA(wrap_dlmopen),
     };
-    void *glibc[N_REPLACEMENTS] = {
-        AS_DATA(__libc_malloc), AS_DATA(__libc_free), AS_DATA(__libc_calloc),
-        AS_DATA(__libc_realloc), NULL, NULL, AS_DATA(__libc_memalign),
-        AS_DATA(__libc_memalign), AS_DATA(__libc_valloc), AS_DATA(__libc_pvalloc), NULL, NULL,
-    };
+    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    if (libc == NULL)
+        return false;
     for (size_t i = 0; i < N_REPLACEMENTS; i++) {
         replacements[i].wrapper = wrappers[i];
-        replacements[i].glibc = glibc[i];
+        replacements[i].real = dlsym(libc, replacements[i].name);
     }
+    dlclose(libc); /* RTLD_NOLOAD took a reference: give it back */
+    return true;
 }
 
 static const struct replacement *replacement_for(const char *name)
@@ -256,6 +274,7 @@ struct object {
     const ElfW(Rela) *tables[2]; /* DT_JMPREL, DT_RELA */
     size_t sizes[2];
     uintptr_t relro_start, relro_end; /* 0, 0 when none */
+    const struct dl_phdr_info *info;
 };
 
 /* glibc relocates the address entries of a loaded object's dynamic section
@@ -270,6 +289,7 @@ static uintptr_t dyn_address(uintptr_t base, uintptr_t value)
 static bool read_object(const struct dl_phdr_info *info, struct object *o)
 {
     memset(o, 0, sizeof *o);
+    o->info = info;
     o->base = info->dlpi_addr;
     o->name = info->dlpi_name;
     const ElfW(Dyn) *dyn = NULL;
@@ -365,7 +385,7 @@ static void for_each_slot(const struct object *o,
              * the definition is glibc's own: libc.so's calls to its malloc
              * (strdup, fopen, ...) go through such slots. */
             if (sym->st_shndx != SHN_UNDEF &&
-                (r->glibc == NULL || o->base + sym->st_value != (uintptr_t)r->glibc))
+                (r->real == NULL || o->base + sym->st_value != (uintptr_t)r->real))
                 continue;
             visit(o, o->base + rel[i].r_offset, r);
         }
@@ -379,6 +399,13 @@ static void rewrite_slot(const struct object *o, uintptr_t slot, const struct re
     uintptr_t current = __atomic_load_n((uintptr_t *)slot, __ATOMIC_ACQUIRE);
     if (is_wrapper(current))
         return; /* rewritten already (a rescan) */
+    /* Only a slot bound to glibc's function, or not bound yet (a lazy slot
+     * points into its own object's PLT), is ours to rewrite. A slot bound
+     * elsewhere (jemalloc in an RTLD_DEEPBIND or local scope, a copy of the
+     * function, an object ld.so has not relocated yet) keeps its binding:
+     * a wrapper over glibc there would hand glibc blocks it never made. */
+    if (current != (uintptr_t)r->real && !contains(o->info, current))
+        return;
     if (n_saved == MAX_SAVED) {
         if (failure == 0)
             failure = ENOMEM;
@@ -440,10 +467,20 @@ static int restore_object(struct dl_phdr_info *info, size_t size, void *ctx)
  * process, wrappers over glibc's functions would mix two heaps. */
 static bool process_uses_glibc_malloc(void)
 {
-    return dlsym(RTLD_DEFAULT, "malloc") == AS_DATA(__libc_malloc) &&
-           dlsym(RTLD_DEFAULT, "free") == AS_DATA(__libc_free) &&
-           dlsym(RTLD_DEFAULT, "calloc") == AS_DATA(__libc_calloc) &&
-           dlsym(RTLD_DEFAULT, "realloc") == AS_DATA(__libc_realloc);
+    static const char *const names[] = {"malloc", "free", "calloc", "realloc"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const struct replacement *r = replacement_for(names[i]);
+        if (r->real == NULL || dlsym(RTLD_DEFAULT, names[i]) != r->real)
+            return false;
+    }
+    return true;
+}
+
+/* A child forked while another thread held the lock would wait for it for
+ * ever at its first dlopen (the rescan): only the forking thread is left. */
+static void reset_lock_in_child(void)
+{
+    pthread_mutex_init(&lock, NULL);
 }
 
 static void say(const char *line)
@@ -454,9 +491,12 @@ static void say(const char *line)
 
 int dd_heap_interpose_libc(void)
 {
+    static bool atfork_registered;
     pthread_mutex_lock(&lock);
     int result = 0;
-    if (!process_uses_glibc_malloc()) {
+    if (!atfork_registered)
+        atfork_registered = pthread_atfork(NULL, NULL, reset_lock_in_child) == 0;
+    if (!fill_replacements() || !process_uses_glibc_malloc()) {
         say("ddheap: dd_heap_interpose_libc: malloc in this process is not glibc's "
             "(another allocator, or libddheap_preload.so, is loaded); nothing rewritten\n");
         result = EBUSY;
@@ -464,7 +504,7 @@ int dd_heap_interpose_libc(void)
         result = ENOMEM;
     } else {
         ddheap_process_init();
-        fill_replacements();
+        bind_glibc_entry_points();
         failure = 0;
         active = true;
         dl_iterate_phdr(rewrite_object, NULL);
