@@ -163,8 +163,15 @@ static uint64_t window_quota(uint64_t limit)
     return quota < QUOTA_MIN ? QUOTA_MIN : quota;
 }
 
-/* The window that began at `start` ends now, at `now`; this thread won the
- * right to close it. */
+/* window_start_ns while a closer swaps the counters out: nobody else may
+ * close (or open) a window then. Without it, a sample counted between the
+ * closer's claim and its swap could find the old window's count in the new
+ * one, close that after a microsecond, and publish a mean 10^5 times too
+ * large: a blackout of every thread's sampling for seconds. */
+#define WINDOW_CLOSING UINT64_MAX
+
+/* The window that began `elapsed` ns ago ends now; this thread won the
+ * right to close it (window_start_ns reads WINDOW_CLOSING). */
 static uint64_t close_window(struct ddheap__rate *r, uint64_t limit, uint64_t quota,
                              uint64_t elapsed)
 {
@@ -189,6 +196,11 @@ uint64_t ddheap_rate_record(uint64_t weight)
         return 0;
     uint64_t now = monotonic_ns();
     uint64_t start = __atomic_load_n(&r->window_start_ns, __ATOMIC_ACQUIRE);
+    if (start == WINDOW_CLOSING) { /* counted in the window being closed, or the next */
+        __atomic_add_fetch(&r->window_samples, 1, __ATOMIC_RELAXED);
+        add_saturating(&r->window_weight, weight);
+        return __atomic_load_n(&r->needed_mean, __ATOMIC_RELAXED);
+    }
     if (start == 0) { /* the first sample under this limit opens the first window */
         if (__atomic_compare_exchange_n(&r->window_start_ns, &start, now, false,
                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED))
@@ -201,10 +213,15 @@ uint64_t ddheap_rate_record(uint64_t weight)
     uint64_t quota = window_quota(limit);
     if (samples < quota && elapsed < WINDOW_NS)
         return __atomic_load_n(&r->needed_mean, __ATOMIC_RELAXED);
-    /* One thread closes the window: the one that moves its start. A sample
-     * another thread counts meanwhile lands in either window. */
-    if (!__atomic_compare_exchange_n(&r->window_start_ns, &start, now ? now : 1, false,
-                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    /* One thread closes the window: the one that claims its start. A sample
+     * another thread counts meanwhile lands in either window. The next
+     * window opens once the counters are swapped out. */
+    if (!__atomic_compare_exchange_n(&r->window_start_ns, &start, WINDOW_CLOSING, false,
+                                     __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return __atomic_load_n(&r->needed_mean, __ATOMIC_RELAXED);
-    return close_window(r, limit, quota, elapsed);
+    uint64_t mean = close_window(r, limit, quota, elapsed);
+    uint64_t opened = WINDOW_CLOSING; /* unless the API reset the window meanwhile */
+    __atomic_compare_exchange_n(&r->window_start_ns, &opened, now ? now : 1, false,
+                                __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+    return mean;
 }
