@@ -524,8 +524,20 @@ def test_errors(c, prof, workload, artifacts, extra):
         os.setgroups([])
         os.setgid(65534)
         os.setuid(65534)
-    expect(["-o", "/tmp/ddheap-prof-nobody.pb.gz", "--", workload], 1, "must run as root",
-           "not root", preexec_fn=as_nobody)
+    # A copy nobody can reach: the build tree may sit under a directory
+    # only root may enter (/root is 0700 on Debian).
+    nobody_dir = tempfile.mkdtemp(prefix="ddheap-prof-nobody-")
+    try:
+        os.chmod(nobody_dir, 0o755)
+        nobody_prof = os.path.join(nobody_dir, "ddheap-prof")
+        shutil.copy2(prof, nobody_prof)
+        os.chmod(nobody_prof, 0o755)
+        r = run_prof(nobody_prof, ["-o", os.path.join(nobody_dir, "x.pb.gz"), "--", "/bin/true"],
+                     preexec_fn=as_nobody)
+        c.check(r.returncode == 1 and "must run as root" in r.stderr and "attached to" not in r.stderr,
+                f"not root: exit {r.returncode} (want 1), stderr {r.stderr.strip()[:160]!r}")
+    finally:
+        shutil.rmtree(nobody_dir, ignore_errors=True)
 
     # A process without probes, running and started.
     sleeper = subprocess.Popen(["sleep", "60"])

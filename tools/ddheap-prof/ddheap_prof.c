@@ -756,10 +756,14 @@ int main(int argc, char **argv)
 
     int64_t deadline = p.opt.duration > 0 ? started_mono + (int64_t)(p.opt.duration * 1e9) : 0;
     int64_t next_scan = now_ns(CLOCK_MONOTONIC) + RESCAN_MS * 1000000LL;
+    /* A run cut short (the ring buffer failed, memory ran out) still writes
+     * what it has, and then exits non-zero: a partial profile is no success. */
+    bool cut_short = false;
     while (!stop_requested && !exited && !p.oom) {
         int got = ring_buffer__poll(p.rb, 50);
         if (got < 0 && got != -EINTR) {
             fprintf(stderr, "ddheap-prof: reading the ring buffer: %s\n", strerror(-got));
+            cut_short = true;
             break;
         }
         int64_t now = now_ns(CLOCK_MONOTONIC);
@@ -776,8 +780,10 @@ int main(int argc, char **argv)
     }
     /* Everything the programs wrote before the end is in the buffer. */
     ring_buffer__consume(p.rb);
-    if (p.oom)
+    if (p.oom) {
         fprintf(stderr, "ddheap-prof: out of memory: the profile stops here\n");
+        cut_short = true;
+    }
     if (exited && p.child && (!WIFEXITED(child_status) || WEXITSTATUS(child_status) != 0)) {
         if (WIFSIGNALED(child_status))
             fprintf(stderr, "ddheap-prof: %s was killed by signal %d\n", p.opt.cmd[0],
@@ -805,5 +811,5 @@ int main(int argc, char **argv)
     dd_prof_table_free(&p.table);
     free(p.links);
     free(p.attached);
-    return rc == 0 ? 0 : 1;
+    return rc == 0 && !cut_short ? 0 : 1;
 }

@@ -37,10 +37,13 @@ fuzz() { # build dir, target, label
   local scratch
   scratch=$(mktemp -d)
   local start=$SECONDS
+  # The fuzzer's own status, whether or not grep finds a line to show (with
+  # '|| true', PIPESTATUS would be true's whenever grep found none).
+  local status=0
   "$build/tests/fuzz/fuzz_$target" -runs="$runs" -seed="$seed" -max_len=1024 -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/artifacts/$target-" \
-    "$scratch" "tests/fuzz/corpus/$target" 2>&1 | grep -E '^(Done|stat::number_of_executed_units|INFO: seed|==|SUMMARY|fuzz_)' || true
-  local status=${PIPESTATUS[0]}
+    "$scratch" "tests/fuzz/corpus/$target" 2>&1 |
+    grep -E '^(Done|stat::number_of_executed_units|INFO: seed|==|SUMMARY|fuzz_)' || status=${PIPESTATUS[0]}
   rm -rf "$scratch"
   if [ "$status" -ne 0 ]; then
     echo "50-fuzz: $label failed (status $status); input in $build/artifacts/" >&2
