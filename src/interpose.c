@@ -174,9 +174,11 @@ static struct replacement replacements[] = {
 };
 #define N_REPLACEMENTS (sizeof replacements / sizeof replacements[0])
 
-/* Binds every glibc function the wrappers call, once, outside any malloc:
+/* Binds the glibc functions the wrappers call, once, outside any malloc:
  * the object that holds ddheap is never rewritten and need not be linked
- * -z now, and a lazy binding must never run inside a hooked malloc. */
+ * -z now, and a lazy binding must not run inside a hooked malloc. All but
+ * pvalloc: it is obsolete, and valgrind aborts the program that calls it,
+ * so it alone is bound at its first call. */
 static void bind_glibc_entry_points(void)
 {
     __libc_free(__libc_malloc(1));
@@ -184,7 +186,6 @@ static void bind_glibc_entry_points(void)
     __libc_free(__libc_realloc(NULL, 1));
     __libc_free(__libc_memalign(16, 1));
     __libc_free(__libc_valloc(1));
-    __libc_free(__libc_pvalloc(1));
     (void)ddheap_libc_page_size();
 }
 
