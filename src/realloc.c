@@ -152,6 +152,17 @@ static void restore_old_block(void *old_user, const dd_realloc_prep_t *prep)
     if (!(prep->flags & OLD_MARKED))
         return;
     bool reported = (prep->flags & OLD_REPORTED) != 0;
+#if DDHEAP_MARK_SHADOW
+    /* Shadow bits keep no report, and a block without its bit is simply
+     * unsampled: left unmarked, its later free is not reported either, so
+     * the stream stays balanced (the live heap misses the block, as it does
+     * with a tag, which cannot be taken back out of the application's
+     * pointer). */
+    if (reported) {
+        ddheap_fire_realloc((uintptr_t)old_user, 0, prep->new_size, 0);
+        return;
+    }
+#endif
     void *user = ddheap_mark_at(prep->raw_ptr, prep->old_offset, prep->old_extra, reported);
     if (!reported)
         return;
