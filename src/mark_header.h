@@ -115,13 +115,16 @@ static inline uint64_t ddheap_key_mul_if_ready(void)
     return __atomic_load_n(&ddheap_shared_v3.key_mul, __ATOMIC_ACQUIRE);
 }
 
-/* The two words of the header of a block at `user` (fields encoded). */
+/* The two words of the header of a block at `user` (fields encoded). The
+ * keys are read as atomics: threads that mark the process's first blocks
+ * at once may each derive (and store) them, with the same values. */
 static inline void ddheap_header_compute(uintptr_t user, uint64_t fields, uint64_t key_mul,
                                          uint64_t words[2])
 {
-    const struct ddheap__shared *sh = &ddheap_shared_v3;
-    words[0] = (uint64_t)user ^ sh->key_filter;
-    words[1] = fields | ddheap_header_tag(user, fields, sh->key_xor, key_mul);
+    struct ddheap__shared *sh = &ddheap_shared_v3;
+    words[0] = (uint64_t)user ^ __atomic_load_n(&sh->key_filter, __ATOMIC_RELAXED);
+    words[1] = fields | ddheap_header_tag(user, fields,
+                                          __atomic_load_n(&sh->key_xor, __ATOMIC_RELAXED), key_mul);
 }
 
 /* Writes the header of a block at `user` (fields already encoded). */
@@ -167,7 +170,8 @@ static inline bool ddheap_header_read(uintptr_t user, struct ddheap_mark *out)
     __builtin_memcpy(&meta, (const char *)user - DDHEAP__HEADER + 8, sizeof meta);
     uint64_t fields = meta & DDHEAP_HEADER_FIELD_MASK;
     if ((meta & ~DDHEAP_HEADER_FIELD_MASK) !=
-        ddheap_header_tag(user, fields, ddheap_shared_v3.key_xor, key_mul))
+        ddheap_header_tag(user, fields, __atomic_load_n(&ddheap_shared_v3.key_xor, __ATOMIC_RELAXED),
+                          key_mul))
         return false;
     out->offset = (uint32_t)(fields << 4) & 0xff0;
     out->extra = (size_t)(fields >> 4) & 0xff0;
