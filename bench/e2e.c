@@ -5,7 +5,7 @@
  * the executable's (-fPIE) wrapper over glibc malloc: bare or ddheap.
  *
  * Prints one line: wall and CPU time of the loop, the true number of bytes
- * requested, which tools/bench compares with the weight sum a tracer
+ * requested, which bench/run compares with the weight sum a tracer
  * collected, and the effective sampling interval at the end (the rate
  * limit may have raised it). With --wait-tracer it first waits (up to 30 s) until a tracer
  * has attached to ddheap's alloc probe, so attaching is never timed.

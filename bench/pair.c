@@ -25,20 +25,20 @@
  *   spread     (--spread) as unsampled, with 4000 sampled blocks of 256 KiB
  *              live (glibc maps each: about 1 GiB of address space): the
  *              heap of a traced program, for the marking-scheme comparison
- *              (tools/bench --marking)
+ *              (bench/run --marking)
  *
  * Under --callgrind, bare and off of every config run first, before any
  * block is marked in the process, so that off is the never-traced state
  * in both copies; the timed runs interleave all modes (a shared library's
  * gate is then open from the second repetition on: one instruction more
  * on each free, below the timing noise).
- *   traced     (--traced) a real tracer attached by tools/bench, interval 1
+ *   traced     (--traced) a real tracer attached by bench/run, interval 1
  *
  * With --callgrind each config is measured once, between
- * CALLGRIND_ZERO_STATS and CALLGRIND_DUMP_STATS_AT(label); tools/bench
+ * CALLGRIND_ZERO_STATS and CALLGRIND_DUMP_STATS_AT(label); bench/run
  * divides the dump's instruction total by the number of operations.
  * Loop, call and barrier overheads are the same for bare and ddheap, so
- * they cancel in the difference tools/bench prints.
+ * they cancel in the difference bench/run prints.
  *
  * --probes times a direct call of ddheap's real alloc-probe function and of
  * the two bench-only probes (probes.c), traced or not.
@@ -309,7 +309,7 @@ static void run_probes(long n, int reps, int traced)
      * nops), 0xcc an int3 breakpoint, 0xe8 a call into the optimised-uprobe
      * trampoline. A process reads its own text as the kernel patched it.
      * Where each site sits in its function comes from --site-offsets
-     * (tools/bench reads it off the .note.stapsdt locations). */
+     * (bench/run reads it off the .note.stapsdt locations). */
     static const struct {
         const char *name;
         uintptr_t site;

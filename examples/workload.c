@@ -1,6 +1,6 @@
 /*
  * A multi-threaded workload for ddheap's example allocators, and the ground
- * truth a tracer's view of it is checked against (tests/tracer, tools/demo).
+ * truth a tracer's view of it is checked against (tests/tracer, scripts/demo).
  *
  * Each worker thread repeats a round of six call sites. Every site is a
  * function of its own that calls one allocator directly, so a stack taken

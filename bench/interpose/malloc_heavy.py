@@ -1,5 +1,5 @@
 """A malloc-heavy python3 program for the interposition benchmark
-(tools/bench-interpose). Run with PYTHONMALLOC=malloc, every object is a
+(bench/run-interpose). Run with PYTHONMALLOC=malloc, every object is a
 malloc: it builds and drops dicts of strings, lists and bytes of mixed
 sizes, keeping a window of them alive, then prints the time its loop took
 (wall and CPU; start-up, imports and attaching a tracer are not timed) and a checksum.

@@ -34,7 +34,7 @@ SEED = "20261129"
 def pprof(profile, *args):
     """`go tool pprof`, offline, with its caches in a scratch directory."""
     if shutil.which("go") is None:
-        raise Failure("go is not installed (tools/install-deps installs golang-go)")
+        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
     with tempfile.TemporaryDirectory(prefix="ddheap-go-") as home:
         env = dict(os.environ, HOME=home, GOCACHE=os.path.join(home, "cache"),
                    GOPATH=os.path.join(home, "path"), GOTOOLCHAIN="local", GOPROXY="off",
@@ -389,7 +389,7 @@ def test_sigint(c, prof, workload, artifacts, extra):
 
 def chromium(args, timeout=TIMEOUT):
     if shutil.which("chromium") is None:
-        raise Failure("chromium is not installed (tools/install-deps installs it)")
+        raise Failure("chromium is not installed (scripts/install-deps installs it)")
     with tempfile.TemporaryDirectory(prefix="ddheap-chromium-") as profile_dir:
         r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
                             "--enable-logging=stderr", "--v=0", "--no-first-run",

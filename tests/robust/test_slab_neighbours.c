@@ -5,7 +5,7 @@
  * Under a simulated tracer, sampled and unsampled objects are mixed; every
  * free must hand the slab exactly the pointer and size it gave out.
  *
- * Built with AddressSanitizer (tools/stages/20-sanitizers.sh) the slab
+ * Built with AddressSanitizer (scripts/stages/20-sanitizers.sh) the slab
  * poisons every free object, so the neighbour bytes ddheap reads before an
  * unsampled object are often poisoned: the run proves that ddheap's read is
  * exempt (DDHEAP__NO_SANITIZE_PEEK in fastpath.h and mark_header.c). A

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import stapsdt  # noqa: E402
 
 TIMEOUT = 60  # seconds for any single wait; a hang fails, it never blocks CI
@@ -47,7 +47,7 @@ def require_root_and_bpftrace():
         return 77
     if shutil.which("bpftrace") is None:
         # Root but no bpftrace: a broken CI machine, never a skip.
-        raise Failure("bpftrace is not installed (tools/install-deps installs it)")
+        raise Failure("bpftrace is not installed (scripts/install-deps installs it)")
     return None
 
 

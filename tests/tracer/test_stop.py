@@ -127,7 +127,7 @@ def main():
         if skip is not None:
             return skip
         if shutil.which("gdb") is None:
-            raise Failure("gdb is not installed (tools/install-deps installs it)")
+            raise Failure("gdb is not installed (scripts/install-deps installs it)")
         test_lost_sigint(c, workload, tools)
     except Failure as e:
         c.check(False, str(e))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/install-deps decides what to install with installed()/missing().
+# scripts/install-deps decides what to install with installed()/missing().
 # A bare package name must mean the native architecture's copy (or the
 # architecture-independent one), never a foreign copy: on a machine that
 # had only systemtap-sdt-dev:arm64, `dpkg-query -W systemtap-sdt-dev`
@@ -68,7 +68,7 @@ check "unknown package" "no-such-package" "$(ask amd64 no-such-package)"
 # Part 2: the real dpkg, after install-deps has run.
 if command -v dpkg-query >/dev/null; then
   left=$(bash -c 'source "$1"; missing "${native[@]}" "${arm64[@]}"' _ "$script" | xargs)
-  check "every package install-deps lists is installed (real dpkg; run tools/install-deps if not)" "" "$left"
+  check "every package install-deps lists is installed (real dpkg; run scripts/install-deps if not)" "" "$left"
 else
   echo "FAILED no dpkg-query: ddheap builds on Debian 12"
   fails=$((fails+1))

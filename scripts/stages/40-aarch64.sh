@@ -10,7 +10,7 @@
 # variant runs even if one fails, so one CI run shows all of them; the
 # stage fails if any did. See docs/arm64.md.
 #
-# Needs what tools/install-deps installs (the cross compiler, qemu-user,
+# Needs what scripts/install-deps installs (the cross compiler, qemu-user,
 # libcmocka-dev:arm64, systemtap-sdt-dev:arm64). DDHEAP_BUILD_ROOT moves
 # the build directories (default build-ci/).
 set -euo pipefail

@@ -4,7 +4,7 @@ of ddheap's probe contract relies on (docs/probes.md).
 
 Used by tests/unit/check_archive.py (the archive), tests/tbi/
 check_probe_notes.py (a linked aarch64 program), tests/tracer/harness.py
-(semaphore addresses) and tools/bench (where each probe site sits).
+(semaphore addresses) and bench/run (where each probe site sits).
 """
 import collections
 import re
