@@ -16,9 +16,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tracer"))
-import harness  # noqa: E402
-from harness import Checker, Failure, Tracer, Workload  # noqa: E402
+import harness
+from harness import Checker, Failure, Tracer, Workload
 
 SCRIPT = """
 BEGIN { printf("READY\\n"); }

@@ -28,9 +28,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tracer"))
-import harness  # noqa: E402
-from harness import Checker, Failure, Tracer, Workload  # noqa: E402
+import harness
+from harness import Checker, Failure, Tracer, Workload
 
 PY_COUNT, PY_SIZE = 20000, 4000
 # bpftrace preallocates every map at this size (memory and start-up time

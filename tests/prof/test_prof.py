@@ -22,10 +22,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tracer"))
-import harness  # noqa: E402
-from harness import Checker, Failure, Workload  # noqa: E402
-from test_tracer import SITES, sigma  # noqa: E402
+import harness
+from harness import SITES, Checker, Failure, Workload, sigma
 
 TIMEOUT = 120
 SEED = "20261129"

@@ -13,8 +13,7 @@ usage: check_probe_notes.py READELF PROGRAM PROVIDER[,PROVIDER...]
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-import stapsdt  # noqa: E402
+import stapsdt
 
 
 def main():

@@ -17,11 +17,9 @@ import sys
 import time
 
 import harness
-from harness import Checker, Failure, Tracer, Workload
+from harness import SITES, Checker, Failure, Tracer, Workload, sigma
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SITES = ["site_request_buffers", "site_grow_log", "site_cache_pages", "site_aligned_tiles",
-         "site_session_objects", "site_index_nodes"]
 
 
 def all_equal(c, values, want, what):
@@ -119,18 +117,6 @@ def test_exact(c, workload, tools):
     c.check(seen == want, f"alloc events per (call site, size) = truth "
                           f"({len(want)} pairs; differing: "
                           f"{sorted(set(seen.items()) ^ set(want.items()))[:6]})")
-
-
-def sigma(truth_sizes, site, field, interval):
-    """Standard deviation of a site's summed weights (DESIGN 3): a block of
-    S bytes is sampled with p = 1 - e^(-S/R) and then weighs S/p, so its
-    weight has variance S^2 (1-p)/p; blocks are independent."""
-    var = 0.0
-    for (s, size), v in truth_sizes.items():
-        if s == site and v[field]:
-            p = -math.expm1(-size / interval)
-            var += v[field] * size * size * (1 - p) / p
-    return math.sqrt(var)
 
 
 def per_site(maps, name):

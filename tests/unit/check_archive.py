@@ -16,8 +16,7 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-import stapsdt  # noqa: E402
+import stapsdt
 
 # sys/sdt.h itself defines this weak, hidden anchor in every object with a
 # probe; hidden symbols never reach a user's dynamic symbol table.

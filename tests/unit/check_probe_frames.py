@@ -23,8 +23,7 @@ import re
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-import stapsdt  # noqa: E402
+import stapsdt
 
 FUNCTION = re.compile(r"^([0-9a-f]+) <([^>]+)>:$")
 INSN = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")

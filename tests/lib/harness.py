@@ -10,6 +10,7 @@ enough: it is raised when the first uprobe is attached, possibly before the
 free probe is.
 """
 
+import math
 import os
 import queue
 import re
@@ -21,8 +22,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-import stapsdt  # noqa: E402
+import stapsdt
 
 TIMEOUT = 60  # seconds for any single wait; a hang fails, it never blocks CI
 
@@ -376,3 +376,20 @@ class Checker:
 
     def equal(self, got, want, what):
         return self.check(got == want, f"{what}: got {got}, want {want}")
+
+
+# The call sites of examples/workload.c, in its own order.
+SITES = ["site_request_buffers", "site_grow_log", "site_cache_pages", "site_aligned_tiles",
+         "site_session_objects", "site_index_nodes"]
+
+
+def sigma(truth_sizes, site, field, interval):
+    """Standard deviation of a site's summed weights (docs/design.md, "Sampling"): a block of
+    S bytes is sampled with p = 1 - e^(-S/R) and then weighs S/p, so its
+    weight has variance S^2 (1-p)/p; blocks are independent."""
+    var = 0.0
+    for (s, size), v in truth_sizes.items():
+        if s == site and v[field]:
+            p = -math.expm1(-size / interval)
+            var += v[field] * size * size * (1 - p) / p
+    return math.sqrt(var)
