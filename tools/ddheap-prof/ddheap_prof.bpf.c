@@ -1,7 +1,7 @@
 /*
  * ddheap-prof, kernel side: two USDT programs, attached to a process's
  * `alloc` and `free` probes (provider `ddheap` or `otel_memory`), that copy
- * each event into a BPF ring buffer for the user side (ddheap_prof.c).
+ * each event into a BPF ring buffer for the user side (loop.c).
  *
  * Nothing is aggregated here: the table of live sampled blocks lives in
  * user space, so its size is bounded by memory, not by a map's key count.
@@ -52,6 +52,14 @@ static __always_inline int ours(void)
     return (__u32)(bpf_get_current_pid_tgid() >> 32) == target_tgid;
 }
 
+static __always_inline void fill_head(struct dd_prof_event_head *h, __u32 type, __u64 ptr)
+{
+    h->type = type;
+    h->tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+    h->ts_ns = bpf_ktime_get_ns();
+    h->ptr = ptr;
+}
+
 static __always_inline __u64 wake_flag(void)
 {
     return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wake_bytes ? BPF_RB_FORCE_WAKEUP
@@ -67,8 +75,7 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     struct dd_prof_alloc_event *ev = bpf_map_lookup_elem(&scratch, &zero);
     if (!ev)
         return 0;
-    ev->type = DD_PROF_EV_ALLOC;
-    ev->ptr = ptr;
+    fill_head(&ev->head, DD_PROF_EV_ALLOC, ptr);
     ev->size = size;
     ev->weight = weight;
     /* The kernel's frame-pointer walk of the user stack (the same walk as
@@ -80,6 +87,7 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     if (bytes > sizeof ev->frames)
         bytes = sizeof ev->frames;
     ev->nframes = (__u32)(bytes / sizeof ev->frames[0]);
+    ev->pad = 0;
     __u64 len = offsetof(struct dd_prof_alloc_event, frames) + bytes;
     if (len > sizeof *ev)
         len = sizeof *ev;
@@ -98,9 +106,7 @@ int BPF_USDT(on_free, __u64 ptr)
         __sync_fetch_and_add(&lost[DD_PROF_EV_FREE], 1);
         return 0;
     }
-    ev->type = DD_PROF_EV_FREE;
-    ev->pad = 0;
-    ev->ptr = ptr;
+    fill_head(&ev->head, DD_PROF_EV_FREE, ptr);
     bpf_ringbuf_submit(ev, wake_flag());
     return 0;
 }
