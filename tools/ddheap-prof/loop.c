@@ -48,8 +48,9 @@ static int on_event(void *ctx, void *data, size_t size)
     const struct dd_prof_event_head *h = data;
     if (size < sizeof *h)
         return 0;
+    struct dd_prof_sample sample = {.ptr = h->ptr, .ts_ns = h->ts_ns, .tgid = h->tgid};
     if (h->type == DD_PROF_EV_FREE) {
-        dd_prof_table_free_block(&p->table, h->ptr);
+        dd_prof_table_free_block(&p->table, &sample);
     } else if (h->type == DD_PROF_EV_ALLOC &&
                size >= offsetof(struct dd_prof_alloc_event, frames)) {
         const struct dd_prof_alloc_event *a = data;
@@ -64,7 +65,9 @@ static int on_event(void *ctx, void *data, size_t size)
             n = DD_PROF_MAX_FRAMES;
         for (uint32_t i = 0; i < n; i++)
             frames[i] = a->frames[i];
-        if (h->ptr != 0 && dd_prof_table_alloc(&p->table, h->ptr, a->size, a->weight, frames, n))
+        sample.size = a->size;
+        sample.weight = a->weight;
+        if (h->ptr != 0 && dd_prof_table_alloc(&p->table, &sample, frames, n))
             p->oom = true;
     }
     return 0;

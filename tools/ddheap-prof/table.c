@@ -153,9 +153,10 @@ static void remove_slot(struct dd_prof_table *t, size_t j)
     t->nlive--;
 }
 
-int dd_prof_table_alloc(struct dd_prof_table *t, uint64_t ptr, uint64_t size, uint64_t weight,
+int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
                         const uint64_t *frames, uint32_t nframes)
 {
+    uint64_t ptr = a->ptr, size = a->size, weight = a->weight;
     long stack = intern_stack(t, frames, nframes);
     if (stack < 0)
         return -1;
@@ -181,8 +182,9 @@ int dd_prof_table_alloc(struct dd_prof_table *t, uint64_t ptr, uint64_t size, ui
     return 0;
 }
 
-void dd_prof_table_free_block(struct dd_prof_table *t, uint64_t ptr)
+void dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_sample *f)
 {
+    uint64_t ptr = f->ptr;
     t->frees++;
     if (t->live_cap == 0 || ptr == 0) {
         t->unmatched_frees++;

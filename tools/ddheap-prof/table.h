@@ -35,11 +35,18 @@ struct dd_prof_table {
     uint64_t allocs, frees, unmatched_frees, replaced_allocs;
 };
 
+/* One event as the table takes it (size and weight: alloc only). */
+struct dd_prof_sample {
+    uint64_t ptr, size, weight;
+    uint64_t ts_ns; /* CLOCK_MONOTONIC */
+    uint32_t tgid;
+};
+
 void dd_prof_table_init(struct dd_prof_table *t);
 void dd_prof_table_free(struct dd_prof_table *t);
 /* Returns 0, or -1 when out of memory. */
-int dd_prof_table_alloc(struct dd_prof_table *t, uint64_t ptr, uint64_t size, uint64_t weight,
+int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
                         const uint64_t *frames, uint32_t nframes);
-void dd_prof_table_free_block(struct dd_prof_table *t, uint64_t ptr);
+void dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_sample *f);
 
 #endif
