@@ -206,16 +206,16 @@ static int on_frame(Dwfl_Frame *state, void *arg)
     return DWARF_CB_OK;
 }
 
-/* One walk; returns dwfl_getthread_frames' result (0: the stack's
- * outermost frame was reached). */
-static int walk(struct dd_prof_unwinder *u)
+/* One walk into u->frames. Its result is not looked at: libdwfl ends
+ * without an error both at the outermost frame and at a return address
+ * it could not read; the reads tell the two apart. */
+static void walk(struct dd_prof_unwinder *u)
 {
     u->n = 0;
     u->too_deep = false;
     u->read_past_copy = false;
-    if (u->dwfl == NULL)
-        return -1;
-    return dwfl_getthread_frames(u->dwfl, u->pid, on_frame, u);
+    if (u->dwfl != NULL)
+        dwfl_getthread_frames(u->dwfl, u->pid, on_frame, u);
 }
 
 uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_stack_copy *copy,
@@ -228,22 +228,25 @@ uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_stack_c
     u->frames = frames;
     u->max = max;
     sync_modules(u);
-    int rc = walk(u);
+    walk(u);
     /* A frame in no recorded object: a library mapped since the last
      * scan. Scan the maps again (while the process lives) and retry. */
     uint64_t last = u->n ? frames[u->n - 1] : copy->regs[DD_PROF_REG_PC];
-    if (rc != 0 && dd_prof_objects_find(u->objs, last) == NULL && t0 - u->last_rescan_ns > RESCAN_NS) {
+    if (dd_prof_objects_find(u->objs, last) == NULL && t0 - u->last_rescan_ns > RESCAN_NS) {
         u->last_rescan_ns = t0;
         if (dd_prof_objects_scan(u->objs, u->pid) > 0) {
             sync_modules(u);
-            rc = walk(u);
+            walk(u);
         }
     }
     if (u->n == 0) {
         /* Not even the probe site: keep it, so the sample still counts. */
         frames[u->n++] = copy->regs[DD_PROF_REG_PC];
     }
-    bool truncated = u->too_deep || (rc != 0 && u->read_past_copy);
+    /* libdwfl takes a return address it cannot read for the end of the
+     * stack (and returns success): what ends a walk is told by the
+     * reads, not by rc. */
+    bool truncated = u->too_deep || u->read_past_copy;
     if (truncated) {
         frames[u->n++] = DD_PROF_TRUNCATED_FRAME;
         u->stats.truncated++;
