@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 
-from harness import Checker, Failure, sigma
+from harness import Failure, run_checks, sigma
 from pprof_read import pprof, read_functions, read_raw
 
 TIMEOUT = 300
@@ -52,6 +52,17 @@ def compile_program(compiler, source, out):
     if r.returncode != 0:
         raise Failure(f"{compiler} -O2 {source} failed:\n{r.stderr}")
     return out
+
+
+def profile_built(prof, preload, artifacts, compiler, source, name, scale):
+    """Builds tests/prof/SOURCE with `COMPILER -O2` and profiles it through
+    the preload library: returns (pb path, paths, truth file)."""
+    exe = compile_program(compiler, os.path.join(HERE, source),
+                          os.path.join(artifacts, source.replace(".", "_")))
+    truth = os.path.join(artifacts, f"{name}.truth")
+    pb, _, paths = profile(prof, [], [exe, truth, scale], artifacts, name,
+                           {"LD_PRELOAD": preload})
+    return pb, paths, truth
 
 
 def profile(prof, args, cmd, artifacts, name, env=None, check=True):
@@ -125,11 +136,9 @@ def test_c_o2(c, prof, preload, run, artifacts):
     (>= 99 % of alloc_space), on top, its bytes within 5 sigma; the
     frame-pointer walk (--unwind=fp) of the same program does not reach
     main, which shows the program really has no frame pointers."""
-    exe = compile_program("cc", os.path.join(HERE, "unwind_sites.c"),
-                          os.path.join(artifacts, "unwind_sites"))
-    truth = os.path.join(artifacts, "c-o2.truth")
-    pb, err, paths = profile(prof, [], [exe, truth, "1000"], artifacts, "c-o2",
-                             {"LD_PRELOAD": preload})
+    pb, paths, truth = profile_built(prof, preload, artifacts, "cc", "unwind_sites.c", "c-o2",
+                                     "1000")
+    exe = os.path.join(artifacts, "unwind_sites_c")
     show(pb, "plain -O2 C, --unwind=dwarf")
     raw = read_raw(pb)
     sts = stacks(raw)
@@ -159,7 +168,7 @@ def test_c_truncated(c, prof, preload, run, artifacts):
     ends long before main, and every stack says so ("[truncated]"
     outermost) instead of ending quietly; with 65536 they reach main."""
     exe = compile_program("cc", os.path.join(HERE, "unwind_sites.c"),
-                          os.path.join(artifacts, "unwind_sites"))
+                          os.path.join(artifacts, "unwind_sites_deep"))
     truth = os.path.join(artifacts, "c-deep.truth")
     pb, err, _ = profile(prof, ["--stack-bytes", "4096"], [exe, truth, "deep"], artifacts,
                          "c-deep-4k", {"LD_PRELOAD": preload})
@@ -184,11 +193,8 @@ def test_cxx(c, prof, preload, run, artifacts):
     demangled, system_name mangled; the same names in the folded stacks
     and the SVG), on every stack of its bytes, within 5 sigma of the
     program's own count; no allocator frame on top."""
-    exe = compile_program("g++", os.path.join(HERE, "unwind_sites.cc"),
-                          os.path.join(artifacts, "unwind_sites_cxx"))
-    truth = os.path.join(artifacts, "cxx.truth")
-    pb, err, paths = profile(prof, [], [exe, truth, "20000"], artifacts, "cxx",
-                             {"LD_PRELOAD": preload})
+    pb, paths, truth = profile_built(prof, preload, artifacts, "g++", "unwind_sites.cc", "cxx",
+                                     "20000")
     show(pb, "plain g++ -O2")
     funcs = read_functions(pb)
     by_name = {f["name"]: f for f in funcs}
@@ -378,13 +384,8 @@ def main():
               "(CI runs this suite as root; run `sudo meson test --suite prof`)")
         return 77
     os.makedirs(artifacts, exist_ok=True)
-    c = Checker(name)
-    try:
-        TESTS[name](c, prof, os.path.abspath(preload), os.path.abspath(run), artifacts)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    return run_checks(name, TESTS[name], prof, os.path.abspath(preload), os.path.abspath(run),
+                      artifacts)
 
 
 if __name__ == "__main__":

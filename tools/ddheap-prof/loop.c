@@ -4,6 +4,7 @@
  * table (table.h) until the run ends, rescanning the process's mappings
  * for objects loaded later.
  */
+#include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <errno.h>
 #include <poll.h>
@@ -82,6 +83,8 @@ static int on_event(void *ctx, void *data, size_t size)
 {
     struct prof *p = ctx;
     const struct dd_prof_event_head *h = data;
+    p->events++;
+    p->event_bytes += size;
     if (size < sizeof *h)
         return 0;
     struct dd_prof_sample sample = {.ptr = h->ptr, .ts_ns = h->ts_ns, .tgid = h->tgid};
@@ -144,8 +147,30 @@ int dd_prof_setup_bpf(struct prof *p)
     return 0;
 }
 
+/* -v: what the programs cost in the kernel, when the kernel counts it
+ * (sysctl kernel.bpf_stats_enabled=1), and what they sent. */
+static void print_costs(struct prof *p)
+{
+    struct bpf_program *progs[2] = {p->skel->progs.on_alloc, p->skel->progs.on_free};
+    for (int i = 0; i < 2; i++) {
+        struct bpf_prog_info info;
+        __u32 len = sizeof info;
+        memset(&info, 0, sizeof info);
+        if (bpf_obj_get_info_by_fd(bpf_program__fd(progs[i]), &info, &len) == 0 &&
+            info.run_cnt > 0)
+            fprintf(stderr, "ddheap-prof: %s: %llu runs, %.2f us each in the kernel\n",
+                    bpf_program__name(progs[i]), (unsigned long long)info.run_cnt,
+                    (double)info.run_time_ns / 1e3 / (double)info.run_cnt);
+    }
+    fprintf(stderr, "ddheap-prof: ring buffer: %llu events, %llu bytes (%.0f bytes each)\n",
+            (unsigned long long)p->events, (unsigned long long)p->event_bytes,
+            p->events ? (double)p->event_bytes / (double)p->events : 0.0);
+}
+
 void dd_prof_teardown_bpf(struct prof *p)
 {
+    if (p->skel && p->opt.verbose)
+        print_costs(p);
     if (p->unwinder && p->opt.verbose) {
         const struct dd_prof_unwind_stats *st = dd_prof_unwind_stats(p->unwinder);
         fprintf(stderr,

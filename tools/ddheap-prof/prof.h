@@ -52,6 +52,7 @@ struct prof {
     struct dd_prof_objects objs;
     struct dd_prof_table table;
     struct dd_prof_unwinder *unwinder; /* NULL with --unwind=fp */
+    uint64_t event_bytes, events;      /* read from the ring buffer (-v) */
     struct bpf_link **links;
     size_t nlinks, links_cap;
     struct file_id *attached;
