@@ -1,7 +1,10 @@
 /*
  * ddheap-prof, kernel side: two USDT programs, attached to a process's
  * `alloc` and `free` probes (provider `ddheap` or `otel_memory`), that copy
- * each event into a BPF ring buffer for the user side (loop.c).
+ * each event into a BPF ring buffer for the user side (loop.c). An alloc
+ * event carries the registers and the top of the user stack, which user
+ * space unwinds by DWARF CFI (unwind.c), or with --unwind=fp the kernel's
+ * frame-pointer walk.
  *
  * Nothing is aggregated here: the table of live sampled blocks lives in
  * user space, so its size is bounded by memory, not by a map's key count.
