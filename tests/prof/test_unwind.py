@@ -44,11 +44,12 @@ def need(program):
     return path
 
 
-def compile_program(compiler, source, out):
-    """Builds SOURCE with `COMPILER -O2` and nothing else: Debian's default
-    flags leave frame pointers out and sibling calls on."""
-    r = subprocess.run([need(compiler), "-O2", "-o", out, source], capture_output=True,
-                       text=True, timeout=TIMEOUT)
+def compile_program(compiler, source, out, *more):
+    """Builds SOURCE with `COMPILER -O2` and nothing else (Debian's default
+    flags leave frame pointers out and sibling calls on), or with MORE
+    arguments where a test says so."""
+    r = subprocess.run([need(compiler), "-O2", "-o", out, source] + list(more),
+                       capture_output=True, text=True, timeout=TIMEOUT)
     if r.returncode != 0:
         raise Failure(f"{compiler} -O2 {source} failed:\n{r.stderr}")
     return out
@@ -182,6 +183,27 @@ def test_c_truncated(c, prof, preload, run, artifacts):
     full = share(sts, lambda n: "main" in n and n.count("recurse") == 25)
     c.check(sts and full >= 0.99,
             f"--stack-bytes 65536: site_deep under 25 recurse frames and main: {full:.4f}")
+
+
+def test_c_nocfi(c, prof, preload, run, artifacts):
+    """A frame without CFI between two with it (unwind_nocfi.c): libdwfl
+    takes that one step by the frame pointer and goes on by CFI, so the
+    site's stacks reach main through nocfi_middle."""
+    mid = os.path.join(artifacts, "unwind_nocfi_mid.o")
+    compile_program("cc", os.path.join(HERE, "unwind_nocfi_mid.c"), mid, "-c",
+                    "-fno-omit-frame-pointer", "-fno-asynchronous-unwind-tables",
+                    "-fno-unwind-tables")
+    exe = compile_program("cc", os.path.join(HERE, "unwind_nocfi.c"),
+                          os.path.join(artifacts, "unwind_nocfi"), mid, "-fno-omit-frame-pointer")
+    frames = subprocess.run(["readelf", "--debug-dump=frames", mid], capture_output=True,
+                            text=True).stdout
+    c.check("FDE" not in frames, "nocfi_middle has no CFI (no FDE in its object)")
+    pb, err, _ = profile(prof, [], [exe, "3000"], artifacts, "c-nocfi", {"LD_PRELOAD": preload})
+    show(pb, "a frame without CFI")
+    sts = [x for x in stacks(read_raw(pb)) if "nocfi_site" in x[1]]
+    through = share(sts, lambda n: n[:3] == ["nocfi_site", "nocfi_middle", "main"])
+    c.check(sts and through >= 0.99,
+            f"nocfi_site, nocfi_middle, main on top of the stacks: {through:.4f} (>= 0.99)")
 
 
 CXX_FUNCTIONS = ["make_vectors", "make_maps", "make_strings", "make_records", "make_arrays"]
@@ -370,7 +392,8 @@ def test_sqlite(c, prof, preload, run, artifacts):
                 f"sqlite3: heaptrack's top frame {ht[1][0]} is one of ours {top[:2]}")
 
 
-TESTS = {"c-o2": test_c_o2, "c-truncated": test_c_truncated, "cxx": test_cxx,
+TESTS = {"c-o2": test_c_o2, "c-truncated": test_c_truncated, "c-nocfi": test_c_nocfi,
+         "cxx": test_cxx,
          "python": test_python, "sqlite": test_sqlite}
 
 
