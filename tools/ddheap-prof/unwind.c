@@ -3,7 +3,8 @@
  * --call-graph dwarf samples: one libdwfl session for the process, its
  * modules reported from the objects recorded for it (each at its load
  * bias), and "thread state" callbacks that hand libdwfl the registers the
- * probe saw and serve its memory reads from the copy of the stack.
+ * probe saw and serve its memory reads from the copy of the stack (and
+ * from the read-only segments of the mapped files).
  *
  * The session lives as long as the process: libdwfl keeps each module's
  * parsed CFI, so an unwind costs the walk, not the parse. A module is
@@ -14,6 +15,7 @@
 #include "unwind.h"
 
 #include <elfutils/libdwfl.h>
+#include <gelf.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -76,9 +78,35 @@ static bool get_thread(Dwfl *dwfl, pid_t tid, void *dwfl_arg, void **thread_argp
     return true;
 }
 
+/* A word of a read-only segment of a mapped file, as the process sees it
+ * (the file's bytes: nothing writes there). Writable segments are not
+ * served: their contents at the time of the sample are unknown. */
+static bool read_mapped_file(Dwfl *dwfl, Dwarf_Addr addr, Dwarf_Word *result)
+{
+    Dwfl_Module *mod = dwfl_addrmodule(dwfl, addr);
+    Dwarf_Addr bias;
+    Elf *elf = mod ? dwfl_module_getelf(mod, &bias) : NULL;
+    size_t n;
+    if (elf == NULL || elf_getphdrnum(elf, &n) != 0)
+        return false;
+    Dwarf_Addr vaddr = addr - bias;
+    for (size_t i = 0; i < n; i++) {
+        GElf_Phdr ph;
+        if (gelf_getphdr(elf, (int)i, &ph) == NULL || ph.p_type != PT_LOAD || (ph.p_flags & PF_W) ||
+            vaddr < ph.p_vaddr || vaddr - ph.p_vaddr + sizeof *result > ph.p_filesz)
+            continue;
+        Elf_Data *d = elf_getdata_rawchunk(elf, (int64_t)(ph.p_offset + (vaddr - ph.p_vaddr)),
+                                           sizeof *result, ELF_T_BYTE);
+        if (d == NULL || d->d_size < sizeof *result)
+            return false;
+        memcpy(result, d->d_buf, sizeof *result);
+        return true;
+    }
+    return false;
+}
+
 static bool memory_read(Dwfl *dwfl, Dwarf_Addr addr, Dwarf_Word *result, void *dwfl_arg)
 {
-    (void)dwfl;
     struct dd_prof_unwinder *u = dwfl_arg;
     const struct dd_prof_stack_copy *c = u->copy;
     uint64_t sp = c->regs[DD_PROF_REG_SP];
@@ -88,9 +116,11 @@ static bool memory_read(Dwfl *dwfl, Dwarf_Addr addr, Dwarf_Word *result, void *d
     }
     /* Beyond a copy that stopped at the size asked for, not at the end
      * of the stack: the rest of the stack was needed. */
-    if (addr >= sp + c->len && addr - sp < STACK_REACH && c->len >= c->wanted)
+    if (addr >= sp + c->len && addr - sp < STACK_REACH && c->len >= c->wanted) {
         u->read_past_copy = true;
-    return false;
+        return false;
+    }
+    return read_mapped_file(dwfl, addr, result);
 }
 
 /* The registers the probe saw, in DWARF numbering. */
