@@ -11,7 +11,6 @@ only when not root, and fails when go or chromium is missing. Ends with
 "N passed, N failed".
 """
 
-import gzip
 import math
 import os
 import re
@@ -24,65 +23,10 @@ import time
 
 import harness
 from harness import SITES, Checker, Failure, Workload, sigma
+from pprof_read import pprof, read_raw
 
 TIMEOUT = 120
 SEED = "20261129"
-
-
-def pprof(profile, *args):
-    """`go tool pprof`, offline, with its caches in a scratch directory."""
-    if shutil.which("go") is None:
-        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
-    with tempfile.TemporaryDirectory(prefix="ddheap-go-") as home:
-        env = dict(os.environ, HOME=home, GOCACHE=os.path.join(home, "cache"),
-                   GOPATH=os.path.join(home, "path"), GOTOOLCHAIN="local", GOPROXY="off",
-                   PPROF_TMPDIR=home)
-        r = subprocess.run(["go", "tool", "pprof", "-symbolize=none"] + list(args) + [profile],
-                           capture_output=True, text=True, env=env, timeout=TIMEOUT)
-    if r.returncode != 0:
-        raise Failure(f"go tool pprof {' '.join(args)} failed: {r.stderr.strip()}")
-    return r.stdout
-
-
-def read_raw(profile):
-    """`pprof -raw`: sample types, samples (values, location ids), the
-    function (and file:line) of each location, mappings and comments."""
-    text = pprof(profile, "-raw")
-    out = {"types": [], "samples": [], "locs": {}, "mappings": [], "comments": []}
-    section = None
-    for line in text.splitlines():
-        if line.startswith("Comment: "):
-            out["comments"].append(line[len("Comment: "):])
-        elif line == "Samples:":
-            section = "samples-head"
-        elif line == "Locations":
-            section = "locs"
-        elif line == "Mappings":
-            section = "maps"
-        elif section == "samples-head":
-            out["types"] = [t.split("/")[0] for t in line.replace("[dflt]", "").split()]
-            section = "samples"
-        elif section == "samples":
-            values, _, ids = line.partition(":")
-            out["samples"].append(([int(v) for v in values.split()], [int(i) for i in ids.split()]))
-        elif section == "locs":
-            m = re.match(r"^\s*(\d+): (0x[0-9a-f]+) M=(\d+) (\S+) (\S+) s=\d+$", line)
-            if m:
-                last = out["locs"][int(m.group(1))] = {
-                    "addr": int(m.group(2), 16), "mapping": int(m.group(3)),
-                    "function": m.group(4), "file": m.group(5), "functions": [m.group(4)]}
-            else:  # a function the previous location's code was inlined into
-                m = re.match(r"^\s+(\S+) (\S+) s=\d+$", line)
-                if m:
-                    last["functions"].append(m.group(1))
-        elif section == "maps":
-            m = re.match(r"^(\d+): (0x[0-9a-f]+)/(0x[0-9a-f]+)/(0x[0-9a-f]+) (\S+) ?(\S*)", line)
-            if m:
-                out["mappings"].append({"id": int(m.group(1)), "file": m.group(5),
-                                        "build_id": m.group(6)})
-    if not out["types"]:
-        raise Failure("pprof -raw printed no sample types:\n" + text[:2000])
-    return out
 
 
 def per_site(raw, sample_type):

@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <linux/types.h>
+
+#include "ddheap_prof.h"
 #include "prof.h"
 
 static void usage(FILE *to)
@@ -17,10 +20,13 @@ static void usage(FILE *to)
     fputs("usage: ddheap-prof [-p PID | -- CMD ARGS...] [-d SECONDS] [-o FILE.pb.gz]\n"
           "                   [--svg FILE] [--folded FILE] [--provider ddheap|otel_memory]\n"
           "                   [--value inuse_space|alloc_space|inuse_objects|alloc_objects]\n"
-          "                   [--ringbuf-kb KB] [-v]\n"
+          "                   [--ringbuf-kb KB] [--unwind dwarf|fp] [--stack-bytes N] [-v]\n"
           "Profiles the heap of a ddheap-instrumented process; writes a gzipped pprof\n"
           "profile (default ddheap-prof.pb.gz) on Ctrl-C, after -d SECONDS, or when CMD\n"
-          "exits. --svg and --folded show --value (default inuse_space).\n",
+          "exits. --svg and --folded show --value (default inuse_space).\n"
+          "Stacks are unwound by DWARF CFI from a copy of the top N bytes of the user\n"
+          "stack (--stack-bytes, default 16384, at most 65536); --unwind=fp walks frame\n"
+          "pointers in the kernel instead (cheaper; wrong for code built without them).\n",
           to);
 }
 
@@ -33,7 +39,8 @@ static void die_usage(const char *what)
 
 void dd_prof_parse_options(int argc, char **argv, struct options *o)
 {
-    enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_HELP };
+    enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_UNWIND, OPT_STACK_BYTES,
+           OPT_HELP };
     static const struct option longs[] = {
         {"pid", required_argument, NULL, 'p'},       {"duration", required_argument, NULL, 'd'},
         {"output", required_argument, NULL, 'o'},    {"svg", required_argument, NULL, OPT_SVG},
@@ -41,10 +48,13 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         {"provider", required_argument, NULL, OPT_PROVIDER},
         {"value", required_argument, NULL, OPT_VALUE},
         {"ringbuf-kb", required_argument, NULL, OPT_RINGBUF},
+        {"unwind", required_argument, NULL, OPT_UNWIND},
+        {"stack-bytes", required_argument, NULL, OPT_STACK_BYTES},
         {"verbose", no_argument, NULL, 'v'},         {"help", no_argument, NULL, OPT_HELP},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.out_path = "ddheap-prof.pb.gz", .provider = "ddheap",
-                          .value = DD_PROF_INUSE_SPACE, .ringbuf_kb = 16384};
+                          .value = DD_PROF_INUSE_SPACE, .ringbuf_kb = 16384,
+                          .stack_bytes = DD_PROF_DEFAULT_STACK};
     int c;
     char *end;
     /* '+': stop at the first non-option, so CMD's own options stay its own. */
@@ -87,6 +97,18 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
             o->ringbuf_kb = strtoul(optarg, &end, 10);
             if (errno || *end || end == optarg || o->ringbuf_kb < 4 || o->ringbuf_kb > (1ul << 21))
                 die_usage("--ringbuf-kb needs a size in KiB, 4 to 2097152");
+            break;
+        case OPT_UNWIND:
+            if (strcmp(optarg, "dwarf") != 0 && strcmp(optarg, "fp") != 0)
+                die_usage("--unwind is dwarf or fp");
+            o->unwind_fp = strcmp(optarg, "fp") == 0;
+            break;
+        case OPT_STACK_BYTES:
+            errno = 0;
+            o->stack_bytes = strtoul(optarg, &end, 10);
+            if (errno || *end || end == optarg || o->stack_bytes < 64 ||
+                o->stack_bytes > DD_PROF_MAX_STACK)
+                die_usage("--stack-bytes needs a number of bytes, 64 to 65536");
             break;
         case 'v': o->verbose = true; break;
         case OPT_HELP: usage(stdout); exit(0);

@@ -1,7 +1,10 @@
 /*
  * ddheap-prof, kernel side: two USDT programs, attached to a process's
  * `alloc` and `free` probes (provider `ddheap` or `otel_memory`), that copy
- * each event into a BPF ring buffer for the user side (loop.c).
+ * each event into a BPF ring buffer for the user side (loop.c). An alloc
+ * event carries the registers and the top of the user stack, which user
+ * space unwinds by DWARF CFI (unwind.c), or with --unwind=fp the kernel's
+ * frame-pointer walk.
  *
  * Nothing is aggregated here: the table of live sampled blocks lives in
  * user space, so its size is bounded by memory, not by a map's key count.
@@ -35,13 +38,24 @@ struct {
     __uint(max_entries, 4096 * 64); /* resized by the user side */
 } events SEC(".maps");
 
+/* How much of the user stack each alloc event copies (--stack-bytes; 0
+ * with --unwind=fp: the kernel's frame-pointer walk instead). */
+const volatile __u32 stack_bytes = DD_PROF_DEFAULT_STACK;
+
 /* The alloc event is built here, then copied into the ring buffer with its
- * real length: a stack is usually much shorter than the maximum. */
+ * real length. A plain array indexed by CPU rather than a per-CPU array:
+ * a per-CPU value is at most 32 KiB. The slack after the event lets the
+ * verifier accept a page-sized read at any offset below the maximum. */
+struct alloc_scratch {
+    struct dd_prof_alloc_event ev;
+    __u8 slack[4096];
+};
+
 struct {
-    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-    __uint(max_entries, 1);
+    __uint(type, BPF_MAP_TYPE_ARRAY);
+    __uint(max_entries, 1); /* set to the number of possible CPUs */
     __type(key, __u32);
-    __type(value, struct dd_prof_alloc_event);
+    __type(value, struct alloc_scratch);
 } scratch SEC(".maps");
 
 /* Ring-buffer failures by event type (index DD_PROF_EV_ALLOC or _FREE). */
@@ -66,32 +80,87 @@ static __always_inline __u64 wake_flag(void)
                                                                         : BPF_RB_NO_WAKEUP;
 }
 
+static __always_inline void copy_registers(struct pt_regs *regs, struct dd_prof_alloc_event *ev)
+{
+    ev->regs[DD_PROF_REG_PC] = PT_REGS_IP(regs);
+    ev->regs[DD_PROF_REG_SP] = PT_REGS_SP(regs);
+    ev->regs[DD_PROF_REG_FP] = PT_REGS_FP(regs);
+#if defined(__TARGET_ARCH_arm64)
+    /* A leaf function's caller is only in the link register. */
+    ev->regs[DD_PROF_REG_LR] = PT_REGS_RET(regs);
+#else
+    ev->regs[3] = 0;
+#endif
+}
+
+/* Copies up to stack_bytes of the user stack from sp up into ev->data;
+ * returns how many bytes it got. A bpf_probe_read_user that crosses the
+ * end of the stack's mapping fails as a whole, so the copy goes page by
+ * page (the first read up to sp's page end): it stops exactly at the end
+ * of the mapping, or at the first page not resident. */
+static __always_inline __u32 copy_stack(struct dd_prof_alloc_event *ev, __u64 sp)
+{
+    __u64 want = stack_bytes;
+    if (want > DD_PROF_MAX_STACK)
+        want = DD_PROF_MAX_STACK;
+    __u64 got = 0;
+    for (int i = 0; i < DD_PROF_MAX_STACK / 4096 + 1; i++) {
+        if (got >= want)
+            break;
+        __u64 at = sp + got;
+        __u64 len = 4096 - (at & 4095);
+        if (len > want - got)
+            len = want - got;
+        /* Bounds the verifier can see (the compiler knows them already
+         * and would drop the tests without the barriers). */
+        barrier_var(len);
+        barrier_var(got);
+        if (len > 4096 || got >= DD_PROF_MAX_STACK)
+            break;
+        if (bpf_probe_read_user(ev->data + got, len, (const void *)at) != 0)
+            break;
+        got += len;
+    }
+    ev->wanted = (__u32)want;
+    return (__u32)got;
+}
+
 SEC("usdt")
 int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
 {
     if (!ours())
         return 0;
-    __u32 zero = 0;
-    struct dd_prof_alloc_event *ev = bpf_map_lookup_elem(&scratch, &zero);
-    if (!ev)
+    __u32 cpu = bpf_get_smp_processor_id();
+    struct alloc_scratch *s = bpf_map_lookup_elem(&scratch, &cpu);
+    if (!s)
         return 0;
+    struct dd_prof_alloc_event *ev = &s->ev;
     fill_head(&ev->head, DD_PROF_EV_ALLOC, ptr);
     ev->size = size;
     ev->weight = weight;
-    /* The kernel's frame-pointer walk of the user stack (the same walk as
-     * bpftrace's ustack): first the probe site, then return addresses. */
-    long got = bpf_get_stack(ctx, ev->frames, sizeof ev->frames, BPF_F_USER_STACK);
-    if (got < 0)
-        got = 0;
-    __u64 bytes = (__u64)got;
-    if (bytes > sizeof ev->frames)
-        bytes = sizeof ev->frames;
-    ev->nframes = (__u32)(bytes / sizeof ev->frames[0]);
     ev->pad = 0;
-    __u64 len = offsetof(struct dd_prof_alloc_event, frames) + bytes;
-    if (len > sizeof *ev)
-        len = sizeof *ev;
-    if (bpf_ringbuf_output(&events, ev, len, wake_flag()) != 0)
+    copy_registers(ctx, ev);
+    __u32 len = 0;
+    ev->wanted = 0;
+    if (stack_bytes > 0)
+        len = copy_stack(ev, ev->regs[DD_PROF_REG_SP]);
+    if (len > 0) {
+        ev->kind = DD_PROF_STACK_COPY;
+    } else {
+        /* --unwind=fp, or a stack that could not be read: the kernel's
+         * frame-pointer walk (bpftrace's ustack): first the probe site,
+         * then return addresses. */
+        long got = bpf_get_stack(ctx, ev->data, DD_PROF_MAX_FRAMES * sizeof(__u64),
+                                 BPF_F_USER_STACK);
+        len = got > 0 ? (__u32)got : 0;
+        ev->kind = DD_PROF_STACK_FRAMES;
+    }
+    barrier_var(len);
+    if (len > DD_PROF_MAX_STACK)
+        len = DD_PROF_MAX_STACK;
+    ev->len = len;
+    if (bpf_ringbuf_output(&events, ev, offsetof(struct dd_prof_alloc_event, data) + len,
+                           wake_flag()) != 0)
         __sync_fetch_and_add(&lost[DD_PROF_EV_ALLOC], 1);
     return 0;
 }

@@ -9,7 +9,30 @@
 /* The kernel's default perf_event_max_stack. */
 #define DD_PROF_MAX_FRAMES 127
 
+/* The most of the user stack one alloc event can carry (--stack-bytes):
+ * perf's limit too (65528). A power of two, so the BPF side can bound
+ * offsets into it with a mask. */
+#define DD_PROF_MAX_STACK 65536
+#define DD_PROF_DEFAULT_STACK 16384
+
+/* The registers an unwinder starts from, as the probe saw them. */
+#if defined(__TARGET_ARCH_arm64) || defined(__aarch64__)
+enum { DD_PROF_REG_PC, DD_PROF_REG_SP, DD_PROF_REG_FP, DD_PROF_REG_LR, DD_PROF_NREGS };
+#else
+enum { DD_PROF_REG_PC, DD_PROF_REG_SP, DD_PROF_REG_FP, DD_PROF_NREGS };
+#endif
+
 enum dd_prof_event_type { DD_PROF_EV_ALLOC = 0, DD_PROF_EV_FREE = 1 };
+
+/* What the data of an alloc event holds. */
+enum dd_prof_stack_kind {
+    /* The kernel's frame-pointer walk: data holds len / 8 return
+     * addresses (__u64), innermost first, the probe site first. */
+    DD_PROF_STACK_FRAMES = 0,
+    /* The user stack from regs[DD_PROF_REG_SP] up: len bytes of it, for
+     * user space to unwind by DWARF CFI. */
+    DD_PROF_STACK_COPY = 1,
+};
 
 /* What every event starts with. */
 struct dd_prof_event_head {
@@ -23,13 +46,18 @@ struct dd_prof_free_event {
     struct dd_prof_event_head head;
 };
 
+/* Variable length: the ring buffer gets the header and len bytes of data. */
 struct dd_prof_alloc_event {
     struct dd_prof_event_head head;
     __u64 size;
     __u64 weight;
-    __u32 nframes;
+    __u32 kind;     /* enum dd_prof_stack_kind */
+    __u32 len;      /* bytes of data that follow */
+    __u32 wanted;   /* stack bytes asked for (--stack-bytes); len < wanted
+                     * means the copy stopped at the end of the stack */
     __u32 pad;
-    __u64 frames[DD_PROF_MAX_FRAMES]; /* innermost first; nframes of them */
+    __u64 regs[4];  /* DD_PROF_REG_*; unused ones 0 */
+    __u8 data[DD_PROF_MAX_STACK];
 };
 
 #endif

@@ -65,9 +65,10 @@ static int merge(struct merged *m, const struct dd_prof_report *r, enum dd_prof_
             }
             if (len)
                 buf[len++] = ';';
-            /* ';' separates frames and ' ' ends the stack in this format. */
+            /* ';' separates frames and a line is one stack. A space is
+             * kept (C++ names have them): the value is after the last one. */
             for (size_t c = 0; c < n; c++)
-                buf[len++] = name[c] == ';' || name[c] == ' ' ? '_' : name[c];
+                buf[len++] = name[c] == ';' || name[c] == '\n' ? '_' : name[c];
         }
         if (len == 0) {
             free(buf);

@@ -130,7 +130,8 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     for (size_t i = 0; i < nf; i++) {
         ddheap_pprof__function__init(&funcs[i]);
         funcs[i].id = i + 1;
-        funcs[i].name = funcs[i].system_name = r->funcs[i].name;
+        funcs[i].name = r->funcs[i].name;
+        funcs[i].system_name = r->funcs[i].system_name;
         funcs[i].filename = r->funcs[i].file;
         funcp[i] = &funcs[i];
     }

@@ -24,6 +24,7 @@
 #include "flame.h"
 #include "objects.h"
 #include "table.h"
+#include "unwind.h"
 
 struct options {
     pid_t pid;
@@ -33,6 +34,8 @@ struct options {
     const char *provider;
     enum dd_prof_value value;
     unsigned long ringbuf_kb;
+    bool unwind_fp;            /* --unwind=fp: the kernel's frame-pointer walk */
+    unsigned long stack_bytes; /* --stack-bytes: user stack copied per sample */
     bool verbose;
 };
 
@@ -48,6 +51,8 @@ struct prof {
     struct ring_buffer *rb;
     struct dd_prof_objects objs;
     struct dd_prof_table table;
+    struct dd_prof_unwinder *unwinder; /* NULL with --unwind=fp */
+    uint64_t event_bytes, events;      /* read from the ring buffer (-v) */
     struct bpf_link **links;
     size_t nlinks, links_cap;
     struct file_id *attached;

@@ -1,35 +1,40 @@
 /* Resolving the stack table into locations and functions (report.h). */
 #include "report.h"
 
+#include "names.h"
 #include "symbolize.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static bool is_ddheap_frame(const char *f)
+/* The function with this symbol and file, added if new (its name
+ * demangled once); -1 if out of memory. */
+static long function_of(struct dd_prof_report *r, const char *system_name, const char *file)
 {
-    return strncmp(f, "ddheap_fire_", 12) == 0 || strncmp(f, "ddheap__", 8) == 0 ||
-           strncmp(f, "dd_allocation_", 14) == 0;
-}
-
-/* The function with this name and file, added if new; -1 if out of
- * memory. */
-static long function_of(struct dd_prof_report *r, const char *name, const char *file)
-{
-    long n = dd_prof_strings_intern(&r->strings, name);
+    long sn = dd_prof_strings_intern(&r->strings, system_name);
     long f = dd_prof_strings_intern(&r->strings, file ? file : "");
-    if (n < 0 || f < 0)
+    if (sn < 0 || f < 0)
         return -1;
     int added;
-    long fn = dd_prof_keys_intern(&r->func_keys, (uint64_t)n << 32 | (uint64_t)f, &added);
+    long fn = dd_prof_keys_intern(&r->func_keys, (uint64_t)sn << 32 | (uint64_t)f, &added);
     if (fn < 0 || !added)
         return fn;
     struct dd_prof_function *grown = realloc(r->funcs, r->func_keys.cap * sizeof *grown);
     if (grown == NULL)
         return -1;
     r->funcs = grown;
-    r->funcs[fn] = (struct dd_prof_function){(uint32_t)n, (uint32_t)f};
+    char *demangled = dd_prof_demangle(system_name);
+    long n = demangled ? dd_prof_strings_intern(&r->strings, demangled) : sn;
+    free(demangled);
+    if (n < 0)
+        return -1;
+    r->funcs[fn] = (struct dd_prof_function){(uint32_t)n, (uint32_t)sn, (uint32_t)f};
     return fn;
+}
+
+static bool is_allocator_location(const struct dd_prof_report *r, const struct dd_prof_location *l)
+{
+    return dd_prof_is_allocator_frame(r->strings.v[r->funcs[l->function[l->n - 1]].system_name]);
 }
 
 /* The location of addr, resolved when first seen; -1 if out of memory. */
@@ -52,7 +57,7 @@ static long location_of(struct dd_prof_report *r, struct dd_prof_symbolizer *sym
     /* ddheap's hooks inlined into the allocator are left off too: the
      * location starts at the allocator's own line of the call. */
     unsigned skip = 0;
-    while (skip + 1 < f.n && is_ddheap_frame(f.fn[skip].function))
+    while (skip + 1 < f.n && dd_prof_is_allocator_frame(f.fn[skip].function))
         skip++;
     l->n = f.n - skip;
     for (unsigned k = 0; k < l->n; k++) {
@@ -85,16 +90,16 @@ int dd_prof_report_build(struct dd_prof_report *r, const struct dd_prof_table *t
         out->locs = malloc((st->nframes ? st->nframes : 1) * sizeof *out->locs);
         if (out->locs == NULL)
             goto fail;
-        /* ddheap's frames (the hooks the allocator calls, and what they
-         * call) are innermost: drop up to the outermost of them. */
+        /* The allocator's frames (ddheap's hooks, the wrapper or the
+         * allocator that called them, operator new above it) are the
+         * innermost ones: drop that run, so the caller is on top. */
         long keep_from = 0;
         for (uint32_t k = 0; k < st->nframes; k++) {
             long loc = location_of(r, sym, objs, st->frames[k], k > 0);
             if (loc < 0)
                 goto fail;
             out->locs[out->n++] = (uint32_t)loc;
-            const struct dd_prof_location *l = &r->locs[loc];
-            if (is_ddheap_frame(r->strings.v[r->funcs[l->function[l->n - 1]].name]))
+            if (keep_from == (long)k && is_allocator_location(r, &r->locs[loc]))
                 keep_from = (long)k + 1;
         }
         if (keep_from > 0 && keep_from < (long)out->n) {

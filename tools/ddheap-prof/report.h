@@ -1,9 +1,10 @@
 /*
  * A profile ready to be written: every stack of the table resolved into
  * locations (one per distinct address) and functions (one per distinct
- * name and file), with the names interned once for all outputs. ddheap's
- * own frames (the probe and the hooks above the allocator) are left off
- * the innermost end of each stack, up to the outermost of them.
+ * name and file), with the names interned once for all outputs. The
+ * allocator's own frames (names.h: ddheap's probe and hooks, the malloc
+ * family, operator new) are left off the innermost end of each stack, so
+ * the code that asked for the memory is on top.
  */
 #ifndef DDHEAP_PROF_REPORT_H
 #define DDHEAP_PROF_REPORT_H
@@ -24,7 +25,9 @@ struct dd_prof_location {
 };
 
 struct dd_prof_function {
-    uint32_t name, file; /* string indices; file 0 ("") if unknown */
+    /* String indices: name demangled (what every output shows),
+     * system_name as the object has it (mangled); file 0 ("") if unknown. */
+    uint32_t name, system_name, file;
 };
 
 struct dd_prof_resolved {
@@ -37,7 +40,7 @@ struct dd_prof_report {
     struct dd_prof_strings strings; /* index 0 is "" */
     struct dd_prof_keys addrs;      /* location i has address addrs.v[i] */
     struct dd_prof_location *locs;
-    struct dd_prof_keys func_keys; /* name << 32 | file */
+    struct dd_prof_keys func_keys; /* system_name << 32 | file */
     struct dd_prof_function *funcs;
     struct dd_prof_resolved *stacks;
     size_t nstacks;

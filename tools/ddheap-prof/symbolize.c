@@ -7,6 +7,8 @@
  */
 #include "symbolize.h"
 
+#include "unwind.h"
+
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
@@ -103,6 +105,30 @@ static const char *base_name(const char *path)
     return slash ? slash + 1 : path;
 }
 
+/* The name of an inlined function as a symbol would have it: its linkage
+ * (mangled) name where DWARF has one (C++), so that it demangles to the
+ * same qualified name as a call of it that was not inlined. */
+static const char *scope_name(Dwarf_Die *scope)
+{
+    Dwarf_Attribute attr;
+    const char *name = dwarf_formstring(dwarf_attr_integrate(scope, DW_AT_linkage_name, &attr));
+    if (name == NULL)
+        name = dwarf_formstring(dwarf_attr_integrate(scope, DW_AT_MIPS_linkage_name, &attr));
+    if (name == NULL)
+        name = dwarf_diename(scope);
+    return name ? name : "[inlined]";
+}
+
+/* A symbol's name without its version ("__libc_start_main@@GLIBC_2.34"),
+ * kept until the symbolizer is freed. */
+static const char *unversioned(struct dd_prof_symbolizer *s, const char *name)
+{
+    const char *at = strchr(name, '@');
+    if (at == NULL || at == name)
+        return name;
+    return keep_name(s, strndup(name, (size_t)(at - name)));
+}
+
 /* The inlined calls at `at`, innermost first, into out->fn[0..] (names
  * and call lines), ahead of the real function, which the caller puts
  * last. Returns how many were added. */
@@ -122,8 +148,7 @@ static unsigned inlined_at(Dwfl_Module *mod, Dwarf_Addr at, struct dd_prof_frame
     for (int i = 0; i < n && k + 1 < DD_PROF_MAX_INLINE; i++) {
         if (dwarf_tag(&scopes[i]) != DW_TAG_inlined_subroutine)
             continue;
-        const char *name = dwarf_diename(&scopes[i]);
-        out->fn[k].function = name ? name : "[inlined]";
+        out->fn[k].function = scope_name(&scopes[i]);
         Dwarf_Attribute attr;
         Dwarf_Word file = 0, line = 0;
         dwarf_formudata(dwarf_attr(&scopes[i], DW_AT_call_file, &attr), &file);
@@ -143,6 +168,11 @@ void dd_prof_symbolize(struct dd_prof_symbolizer *s, uint64_t addr, bool return_
     memset(out, 0, sizeof *out);
     out->n = 1;
     out->fn[0].function = "[unknown]";
+    if (addr == DD_PROF_TRUNCATED_FRAME) {
+        /* The unwinder's mark: the stack goes on, its copy did not. */
+        out->fn[0].function = "[truncated]";
+        return;
+    }
     const struct dd_prof_object *o = dd_prof_objects_find(s->objs, addr);
     out->object = o;
     if (o == NULL)
@@ -164,6 +194,8 @@ void dd_prof_symbolize(struct dd_prof_symbolizer *s, uint64_t addr, bool return_
         out->fn[0].file = NULL;
     }
     const char *name = m ? dwfl_module_addrname(m->mod, at) : NULL;
+    if (name != NULL)
+        name = unversioned(s, name);
     if (name == NULL) {
         char *made = NULL;
         if (asprintf(&made, "%s+0x%" PRIx64, base_name(o->path), at - o->bias) < 0)

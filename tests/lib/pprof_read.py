@@ -1,0 +1,124 @@
+"""Reading ddheap-prof's profiles back: Debian's `go tool pprof` (-raw,
+-top, -traces), run offline with its caches in a scratch directory, and a
+small reader of the gzipped profile.proto itself for what pprof does not
+print (Function.system_name).
+"""
+
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+from harness import Failure
+
+TIMEOUT = 120
+
+
+def pprof(profile, *args):
+    """`go tool pprof`, offline, with its caches in a scratch directory."""
+    if shutil.which("go") is None:
+        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
+    with tempfile.TemporaryDirectory(prefix="ddheap-go-") as home:
+        env = dict(os.environ, HOME=home, GOCACHE=os.path.join(home, "cache"),
+                   GOPATH=os.path.join(home, "path"), GOTOOLCHAIN="local", GOPROXY="off",
+                   PPROF_TMPDIR=home)
+        r = subprocess.run(["go", "tool", "pprof", "-symbolize=none"] + list(args) + [profile],
+                           capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    if r.returncode != 0:
+        raise Failure(f"go tool pprof {' '.join(args)} failed: {r.stderr.strip()}")
+    return r.stdout
+
+
+def read_raw(profile):
+    """`pprof -raw`: sample types, samples (values, location ids), the
+    function (and file:line) of each location, mappings and comments."""
+    text = pprof(profile, "-raw")
+    out = {"types": [], "samples": [], "locs": {}, "mappings": [], "comments": []}
+    section = None
+    for line in text.splitlines():
+        if line.startswith("Comment: "):
+            out["comments"].append(line[len("Comment: "):])
+        elif line == "Samples:":
+            section = "samples-head"
+        elif line == "Locations":
+            section = "locs"
+        elif line == "Mappings":
+            section = "maps"
+        elif section == "samples-head":
+            out["types"] = [t.split("/")[0] for t in line.replace("[dflt]", "").split()]
+            section = "samples"
+        elif section == "samples":
+            values, _, ids = line.partition(":")
+            out["samples"].append(([int(v) for v in values.split()], [int(i) for i in ids.split()]))
+        elif section == "locs":
+            m = re.match(r"^\s*(\d+): (0x[0-9a-f]+)(?: M=(\d+))? (.+) (\S+) s=\d+(?:\(.*\))?$", line)
+            if m:
+                last = out["locs"][int(m.group(1))] = {
+                    "addr": int(m.group(2), 16), "mapping": int(m.group(3) or 0),
+                    "function": m.group(4), "file": m.group(5), "functions": [m.group(4)]}
+            else:  # a function the previous location's code was inlined into
+                m = re.match(r"^\s+(.+) (\S+) s=\d+(?:\(.*\))?$", line)
+                if m:
+                    last["functions"].append(m.group(1))
+        elif section == "maps":
+            m = re.match(r"^(\d+): (0x[0-9a-f]+)/(0x[0-9a-f]+)/(0x[0-9a-f]+) (\S+) ?(\S*)", line)
+            if m:
+                out["mappings"].append({"id": int(m.group(1)), "file": m.group(5),
+                                        "build_id": m.group(6)})
+    if not out["types"]:
+        raise Failure("pprof -raw printed no sample types:\n" + text[:2000])
+    return out
+
+
+def _varint(buf, at):
+    value, shift = 0, 0
+    while True:
+        b = buf[at]
+        at += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, at
+
+
+def _fields(buf):
+    """(field number, wire type, value) of one protobuf message; value is an
+    int for varints, bytes for length-delimited fields."""
+    at = 0
+    while at < len(buf):
+        key, at = _varint(buf, at)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            value, at = _varint(buf, at)
+        elif wire == 2:
+            n, at = _varint(buf, at)
+            value, at = buf[at:at + n], at + n
+        elif wire == 1:
+            value, at = buf[at:at + 8], at + 8
+        elif wire == 5:
+            value, at = buf[at:at + 4], at + 4
+        else:
+            raise Failure(f"profile.proto: wire type {wire} not understood")
+        yield num, wire, value
+
+
+def read_functions(profile):
+    """Every Function of the profile as {"name", "system_name", "filename"}
+    (profile.proto: Profile.function = 5, string_table = 6; Function.name =
+    2, system_name = 3, filename = 4, all string-table indices)."""
+    with gzip.open(profile, "rb") as f:
+        data = f.read()
+    strings, funcs = [], []
+    for num, wire, value in _fields(data):
+        if num == 6 and wire == 2:
+            strings.append(value.decode("utf-8", "replace"))
+        elif num == 5 and wire == 2:
+            fn = {2: 0, 3: 0, 4: 0}
+            for n, w, v in _fields(value):
+                if n in fn and w == 0:
+                    fn[n] = v
+            funcs.append(fn)
+    return [{"name": strings[f[2]], "system_name": strings[f[3]], "filename": strings[f[4]]}
+            for f in funcs]
