@@ -116,9 +116,11 @@ static inline void ddheap_shadow_summary_sub(uintptr_t address)
                                           __ATOMIC_RELAXED));
 }
 
-/* A mark is counted (live count, summary) before its bit is set, and
- * uncounted after its bit is cleared: whoever can see the bit sees the
- * counts that lead the free path to it. */
+/* A mark is counted (live count, summary) before its bit can be cleared,
+ * and uncounted after its bit is cleared: whoever can clear the bit sees
+ * the counts that lead the free path to it. The long way counts before it
+ * sets the bit; the quick mark right after, before the block is handed
+ * out (the only free that may clear a fresh bit is its own block's). */
 static inline void ddheap_shadow_count(uintptr_t address, int delta)
 {
     if (delta > 0) {
@@ -189,7 +191,7 @@ static inline bool ddheap_shadow_upper_empty(void)
 
 /* The quick mark of a fresh block, while no bit is set beyond the first
  * table: the two words of its bucket read, one compare-and-swap. NULL, with
- * the counts as they were, for everything else (the first mark of the process, a
+ * nothing changed, for everything else (the first mark of the process, a
  * bit already set by a block freed behind ddheap's back, a full bucket, a
  * lost race, the span's own word in the bucket's second word): then
  * ddheap_mark_at() does it the long way.
@@ -207,9 +209,6 @@ static inline void *ddheap_mark_fresh(void *raw, size_t extra)
     if (DDHEAP__UNLIKELY(level0 == NULL || !ddheap_shadow_markable(address) ||
                          !ddheap_shadow_upper_empty()))
         return NULL;
-    /* Counted first, as every mark is counted before its bit is set; every
-     * way out below without the bit set counts it down again. */
-    ddheap_shadow_count(address, 1);
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
     uint64_t key = span << 16, bit = ddheap_shadow_bit(address);
     uint64_t *bucket = ddheap_shadow_bucket(level0, 0, span);
@@ -219,26 +218,26 @@ static inline void *ddheap_mark_fresh(void *raw, size_t extra)
     /* The span's bits in the second word (a race between two marks of the
      * span can leave them there): the bit may be set, or is to go there. */
     if (DDHEAP__UNLIKELY((second ^ key) - 1 < DDHEAP_SHADOW_SLOTS))
-        goto declined;
+        return NULL;
     if ((first ^ key) <= DDHEAP_SHADOW_SLOTS) { /* the span's word, or one it emptied */
         if (DDHEAP__UNLIKELY(first & bit))
-            goto declined; /* stale: ddheap_mark_at() reports the old block's free */
+            return NULL; /* stale: ddheap_mark_at() reports the old block's free */
         next = first | bit;
     } else if (DDHEAP__LIKELY((first & DDHEAP_SHADOW_SLOTS) == 0)) { /* another span's, empty */
         next = key | bit;
     } else {
-        goto declined; /* another span's bits: the long way tries the second word */
+        return NULL; /* another span's bits: the long way tries the second word */
     }
-    if (DDHEAP__LIKELY(__atomic_compare_exchange_n(&bucket[0], &first, next, false,
-                                                   __ATOMIC_RELEASE, __ATOMIC_RELAXED)))
-        return raw;
-declined:
-    /* The address goes through an empty asm so that the compiler computes
-     * the counters' addresses again here rather than keep them in
-     * registers across the common path. */
-    __asm__("" : "+r"(address));
-    ddheap_shadow_count(address, -1);
-    return NULL;
+    if (DDHEAP__UNLIKELY(!__atomic_compare_exchange_n(&bucket[0], &first, next, false,
+                                                     __ATOMIC_RELEASE, __ATOMIC_RELAXED)))
+        return NULL; /* lost a race for the word */
+    /* Counted after the bit is set, unlike the long way, and still before
+     * anyone can see it: the only free that may clear this bit is this
+     * block's own, which comes after the pointer is returned, so after the
+     * counts (ddheap_shadow_count). Counting after the last way out
+     * leaves nothing to undo, and nothing to keep in a register for it. */
+    ddheap_shadow_count(address, 1);
+    return raw;
 }
 
 /* Clears the bit of (span, bit) if a word of `bucket` holds it: the test
