@@ -39,10 +39,11 @@
  * holds a claim while the closer swaps the counters out. The claim names
  * the process and the time it was made (claim_word), so a child forked
  * meanwhile, in which the closing thread does not exist, sees a claim that
- * is not its own and reopens the window at its next sample; a claim older
- * than a second is taken over as well (a closer cannot take that long
- * unless it was lost some other way). The bucket and the published means
- * are single words: nothing else can be caught half-written.
+ * is not its own and reopens the window at its next sample. A claim older
+ * than a second is taken over as well (a child in a new pid namespace may
+ * have its parent's pid); a closer that was merely stalled that long then
+ * publishes nothing. The bucket and the published means are single words:
+ * nothing else can be caught half-written.
  *
  * Several copies. The state is one STB_GNU_UNIQUE object, ddheap_rate_v2,
  * bound by the dynamic linker to one definition in the process, as
@@ -233,9 +234,13 @@ static bool claim_is_stale(uint64_t claim, uint64_t now)
 }
 
 /* The window that began `elapsed` ns ago ends now; this thread won the
- * right to close it (window_start_ns holds its claim). */
-static uint64_t close_window(struct ddheap__rate *r, uint64_t limit, uint64_t quota,
-                             uint64_t elapsed)
+ * right to close it (window_start_ns holds its `claim`). It publishes
+ * only if the claim is still its own: a closer stalled for over a second
+ * may find that another thread took over (claim_is_stale) and opened a
+ * window since, whose counts it has just swapped out with its own; its
+ * estimate would mix the two over the old window's length. */
+static void close_window(struct ddheap__rate *r, uint64_t limit, uint64_t quota,
+                         uint64_t elapsed, uint64_t claim)
 {
     uint64_t samples = __atomic_exchange_n(&r->window_samples, 0, __ATOMIC_RELAXED);
     uint64_t weight = __atomic_exchange_n(&r->window_weight, 0, __ATOMIC_RELAXED);
@@ -245,11 +250,12 @@ static uint64_t close_window(struct ddheap__rate *r, uint64_t limit, uint64_t qu
     double seconds = (double)(elapsed < 1000 ? 1000 : elapsed) * 1e-9;
     double needed = bytes / seconds / (double)limit;
     uint64_t mean = needed >= (double)MAX_NEEDED_MEAN ? MAX_NEEDED_MEAN : (uint64_t)needed;
+    if (__atomic_load_n(&r->window_start_ns, __ATOMIC_RELAXED) != claim)
+        return;
     __atomic_store_n(&r->measured_mean, mean, __ATOMIC_RELAXED);
     if (__atomic_load_n(&r->limited, __ATOMIC_RELAXED))
         __atomic_store_n(&r->needed_mean, mean, __ATOMIC_RELAXED);
     __atomic_add_fetch(&r->windows, 1, __ATOMIC_RELAXED);
-    return mean;
 }
 
 /* Takes one sample's token from the bucket. Returns -1 when that emptied
@@ -342,7 +348,7 @@ uint64_t ddheap_rate_record(uint64_t weight)
     void (*hook)(void) = __atomic_load_n(&ddheap_rate_closing_hook, __ATOMIC_ACQUIRE);
     if (hook)
         hook(); /* tests: a fork while the claim is held */
-    close_window(r, limit, quota, elapsed);
+    close_window(r, limit, quota, elapsed, claim);
     uint64_t opened = claim; /* unless the API reset the window, or a child took over */
     __atomic_compare_exchange_n(&r->window_start_ns, &opened, now ? now : 1, false,
                                 __ATOMIC_RELEASE, __ATOMIC_RELAXED);
