@@ -41,11 +41,12 @@ static void test_one_budget(void **state)
     assert_int_equal(dd_get_effective_sampling_interval(), 4096);
     assert_int_equal(rate_plugin_effective(), 8192);
     /* A burst through the plugin's copy only: 0.86 samples per 16 KiB
-     * block at 8 KiB, about 1730, far beyond 1000 a second: the sample
-     * that empties the bucket (1000, plus 1000 a second of running time)
-     * raises the needed mean for the whole process to what the last
-     * window (its quota: 25 samples) measured. */
-    uint64_t samples = rate_plugin_sample_burst(2000);
+     * block at 8 KiB, about 3460, far beyond 1000 a second: the sample
+     * that empties the bucket (1000, plus 1000 a second of running time,
+     * so unless this takes over 2.4 s) raises the needed mean for the
+     * whole process to what the last window (its quota: 25 samples)
+     * measured. */
+    uint64_t samples = rate_plugin_sample_burst(4000);
     uint64_t mine = dd_get_effective_sampling_interval();
     uint64_t theirs = rate_plugin_effective();
     print_message("%llu samples through the plugin; effective interval here %llu, there %llu\n",
