@@ -23,7 +23,8 @@
  * stops being limited when the bucket is full again. So a program that
  * takes fewer than L (1 + its duration in seconds) samples is never limited
  * and samples at the configured interval throughout; over any time T the
- * process takes at most L (T + 1) samples. The bucket is one word, the
+ * process takes about L (T + 1) samples at most (the estimate, not the
+ * bucket, holds the rate at L once limited). The bucket is one word, the
  * time at which it would be full again (generic cell rate algorithm,
  * "theoretical arrival time"): each sample moves it 1/L s forward, at
  * most one second past now.
