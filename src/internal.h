@@ -66,8 +66,11 @@ uint64_t ddheap_rate_needed_mean(void);
 uint64_t ddheap_rate_record(uint64_t weight);
 /* Windows the controller closed since the limit was last set. */
 uint64_t ddheap_rate_windows(void);
-/* Binds clock_gettime (ddheap_process_init). */
+/* Binds clock_gettime and getpid (ddheap_process_init). */
 void ddheap_rate_process_init(void);
+/* Tests only: called by the thread that closes a window, while it holds
+ * the window's claim (tests/ratelimit/test_rate_fork.c forks there). */
+extern void (*ddheap_rate_closing_hook)(void);
 
 /* --- probes.c --- */
 /* The alloc and free probes. Each hands back what its caller returns next

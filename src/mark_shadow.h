@@ -116,9 +116,11 @@ static inline void ddheap_shadow_summary_sub(uintptr_t address)
                                           __ATOMIC_RELAXED));
 }
 
-/* A mark is counted (live count, summary) before its bit is set, and
- * uncounted after its bit is cleared: whoever can see the bit sees the
- * counts that lead the free path to it. */
+/* A mark is counted (live count, summary) before its bit can be cleared,
+ * and uncounted after its bit is cleared: whoever can clear the bit sees
+ * the counts that lead the free path to it. The long way counts before it
+ * sets the bit; the quick mark right after, before the block is handed
+ * out (the only free that may clear a fresh bit is its own block's). */
 static inline void ddheap_shadow_count(uintptr_t address, int delta)
 {
     if (delta > 0) {
@@ -183,14 +185,22 @@ static inline bool ddheap_shadow_try_set(const struct ddheap_shadow_slot *s, uin
 
 static inline bool ddheap_shadow_upper_empty(void)
 {
-    return __atomic_load_n(&ddheap_shared_v3.shadow_upper_live, __ATOMIC_RELAXED) == 0;
+    /* one compare with memory on x86-64 (ddheap/fastpath.h) */
+    return !ddheap__nonzero64(&ddheap_shared_v3.shadow_upper_live);
 }
 
 /* The quick mark of a fresh block, while no bit is set beyond the first
  * table: the two words of its bucket read, one compare-and-swap. NULL, with
  * nothing changed, for everything else (the first mark of the process, a
  * bit already set by a block freed behind ddheap's back, a full bucket, a
- * lost race): ddheap_mark_at() then does it the long way. */
+ * lost race, the span's own word in the bucket's second word): then
+ * ddheap_mark_at() does it the long way.
+ *
+ * Written for the instruction count of a sampled pair (bench/run
+ * --marking): each test below is one compare on a value already in a
+ * register. For a word w and the span's key, w ^ key is at most SLOTS
+ * exactly when w carries the span's tag (its bits, if any, are the span's);
+ * (w ^ key) - 1 < SLOTS when it carries the tag and at least one bit. */
 static inline void *ddheap_mark_fresh(void *raw, size_t extra)
 {
     uintptr_t address = (uintptr_t)raw;
@@ -201,15 +211,32 @@ static inline void *ddheap_mark_fresh(void *raw, size_t extra)
         return NULL;
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
     uint64_t key = span << 16, bit = ddheap_shadow_bit(address);
-    struct ddheap_shadow_slot s = {NULL, 0, false, false};
-    ddheap_shadow_look(ddheap_shadow_bucket(level0, 0, span), key, bit, &s);
-    if (DDHEAP__UNLIKELY(s.word == NULL || s.stale))
+    uint64_t *bucket = ddheap_shadow_bucket(level0, 0, span);
+    uint64_t first = __atomic_load_n(&bucket[0], __ATOMIC_RELAXED);
+    uint64_t second = __atomic_load_n(&bucket[1], __ATOMIC_RELAXED);
+    uint64_t next;
+    /* The span's bits in the second word (a race between two marks of the
+     * span can leave them there): the bit may be set, or is to go there. */
+    if (DDHEAP__UNLIKELY((second ^ key) - 1 < DDHEAP_SHADOW_SLOTS))
         return NULL;
-    ddheap_shadow_count(address, 1);
-    if (DDHEAP__UNLIKELY(!ddheap_shadow_try_set(&s, key, bit))) {
-        ddheap_shadow_count(address, -1);
-        return NULL;
+    if ((first ^ key) <= DDHEAP_SHADOW_SLOTS) { /* the span's word, or one it emptied */
+        if (DDHEAP__UNLIKELY(first & bit))
+            return NULL; /* stale: ddheap_mark_at() reports the old block's free */
+        next = first | bit;
+    } else if (DDHEAP__LIKELY((first & DDHEAP_SHADOW_SLOTS) == 0)) { /* another span's, empty */
+        next = key | bit;
+    } else {
+        return NULL; /* another span's bits: the long way tries the second word */
     }
+    if (DDHEAP__UNLIKELY(!__atomic_compare_exchange_n(&bucket[0], &first, next, false,
+                                                     __ATOMIC_RELEASE, __ATOMIC_RELAXED)))
+        return NULL; /* lost a race for the word */
+    /* Counted after the bit is set, unlike the long way, and still before
+     * anyone can see it: the only free that may clear this bit is this
+     * block's own, which comes after the pointer is returned, so after the
+     * counts (ddheap_shadow_count). Counting after the last way out
+     * leaves nothing to undo, and nothing to keep in a register for it. */
+    ddheap_shadow_count(address, 1);
     return raw;
 }
 
@@ -218,11 +245,11 @@ static inline void *ddheap_mark_fresh(void *raw, size_t extra)
  * span, retried while only other bits of the word changed. */
 static inline bool ddheap_shadow_clear_in(uint64_t *bucket, uint64_t key, uint64_t bit)
 {
-    uint64_t mask = ~DDHEAP_SHADOW_SLOTS | bit, want = key | bit;
     for (unsigned i = 0; i < DDHEAP_SHADOW_BUCKET_WORDS; i++) {
         uint64_t w = __atomic_load_n(&bucket[i], __ATOMIC_RELAXED);
-        while ((w & mask) == want) {
-            if (__atomic_compare_exchange_n(&bucket[i], &w, w & ~bit, false, __ATOMIC_ACQ_REL,
+        /* the span's tag (w ^ key <= SLOTS) and the bit set; xor clears it */
+        while ((w ^ key) <= DDHEAP_SHADOW_SLOTS && (w & bit) != 0) {
+            if (__atomic_compare_exchange_n(&bucket[i], &w, w ^ bit, false, __ATOMIC_ACQ_REL,
                                             __ATOMIC_RELAXED))
                 return true;
         }

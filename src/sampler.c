@@ -70,7 +70,7 @@ void ddheap_process_init(void)
 #if !DDHEAP_MARK_TBI
     ddheap_register_free_gate();
 #endif
-    read_config_once();   /* binds getenv, write, clock_gettime */
+    read_config_once();   /* binds getenv, write, clock_gettime, getpid */
 #if DDHEAP_MARK_TBI && DDHEAP_LIVE_HEAP
     ddheap_tbi_process_init(__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)); /* binds prctl */
 #endif
@@ -334,11 +334,15 @@ __attribute__((noinline)) static void *created_the_long_way(void *raw, size_t us
 /* The real allocation of a sampled request returned `raw`: mark it and
  * report it. Ends in tail calls only (the probe function hands back the
  * user pointer), so it needs no saved registers. */
-void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight, size_t extra)
+DDHEAP_FRAMELESS void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight,
+                                              size_t extra)
 {
     if (raw == NULL) /* the real allocation failed: nothing to report */
         return NULL;
 #if DDHEAP_LIVE_HEAP
+#if DDHEAP_MARK_SHADOW
+    extra = 0; /* the scheme never asks for room; a register freed for marking */
+#endif
     void *user = ddheap_mark_fresh(raw, extra);
     if (DDHEAP__UNLIKELY(user == NULL))
         return created_the_long_way(raw, user_size, weight, extra);
@@ -377,7 +381,7 @@ __attribute__((noinline)) static dd_alloc_freed_t release_the_long_way(void *use
 
 /* The fast path found a mark (or a filter match) before `user`. Unmarking
  * touches only memory and atomics; like created, this ends in tail calls. */
-dd_alloc_freed_t ddheap__release(void *user, size_t size)
+DDHEAP_FRAMELESS dd_alloc_freed_t ddheap__release(void *user, size_t size)
 {
     dd_alloc_freed_t out = {user, size};
 #if DDHEAP_LIVE_HEAP

@@ -1,6 +1,6 @@
 /*
  * A shared library with its own copy of libddheap.a, for test_rate_copies.c:
- * the rate limit's state must be one per process (ddheap_rate_v1), so this
+ * the rate limit's state must be one per process (ddheap_rate_v2), so this
  * copy's API must see the limit the executable's copy set, and its
  * threads must draw with the interval the other copy's samples raised.
  * Everything but these functions and the two shared objects stays local

@@ -2,12 +2,14 @@
  * The sampling-rate limit's configuration and API (suite 'unit', so it
  * also runs under the sanitizers, valgrind and qemu): the variable's
  * values, good and bad; the API against the environment; R = 1 never
- * limited; a burst raising the effective interval; and the API called from
+ * limited; a burst beyond the bucket raising the effective interval, a short
+ * program within it keeping the configured one; and the API called from
  * several threads at once while others allocate. The limit's behaviour
  * over time is tested in test_rate_steps.c.
  */
 #include "internal.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -171,8 +173,9 @@ static void test_exact_mode_is_never_limited(void **state)
 
 /* Sampling as fast as a thread can (every 16 KiB block holds a sample
  * point about 98% of the time at 4 KiB) against a limit of 1000 a second:
- * the first window closes after its quota of 25 samples, long before
- * 100 ms at any speed this runs at, and raises the interval. */
+ * the burst of 1000 samples (plus 1000 a second of running time) is spent
+ * within the 4000 blocks at any speed this runs at, and the interval is
+ * raised to what the last window (25 samples, its quota) measured. */
 static void test_burst_raises_the_interval(void **state)
 {
     (void)state;
@@ -192,6 +195,53 @@ static void test_burst_raises_the_interval(void **state)
     assert_true(ddheap_rate_windows() >= 1);
     dd_set_max_samples_per_second(0); /* no limit: back to the configured interval at once */
     assert_int_equal(dd_get_effective_sampling_interval(), 4096);
+}
+
+/* A program shorter than a second samples as at the fixed interval: 6000
+ * blocks of 16 KiB at 64 KiB, each sampled with p = 1 - e^(-1/4) = 0.221,
+ * as fast as a thread can, against the default limit of 3000 a second.
+ * The sample count is Binomial(6000, p): mean 1327, sd 32.2, so within
+ * 5 sd it stays below 1488, under the bucket's 3000 however fast (or slow)
+ * this runs: the limit must never raise the interval here, and every
+ * sample must be drawn with the configured one. The count within 5 sd of
+ * its mean and the weights within 5 sd of the bytes check what the
+ * program gets: the fixed interval's sampling, unbiased. (Before the
+ * burst, the first window's quota of 75 samples raised the interval: about
+ * a quarter of the samples.) */
+static void test_short_program_keeps_the_interval(void **state)
+{
+    (void)state;
+    enum { BLOCKS = 6000 };
+    const uint64_t interval = 65536;
+    dd_set_default_sampling_interval(interval);
+    dd_set_max_samples_per_second(DDHEAP_DEFAULT_SAMPLES_PER_SECOND); /* a full bucket */
+    dd_heap_simulate_tracer(true);
+    ddheap_test_seed_thread(23);
+    uint64_t samples = 0, off_interval = 0;
+    double weight = 0;
+    for (int i = 0; i < BLOCKS; i++) {
+        uint64_t w = one_block(BLOCK);
+        if (w) {
+            samples++;
+            weight += (double)w;
+            off_interval += ddheap_test_thread_mean() != interval;
+        }
+    }
+    dd_heap_simulate_tracer(false);
+    double p = ddheap_one_minus_exp_neg((double)BLOCK / (double)interval);
+    double expected = BLOCKS * p, sd = sqrt(BLOCKS * p * (1 - p));
+    double bytes = (double)BLOCKS * BLOCK;
+    double weight_sd = sqrt(BLOCKS * (double)BLOCK * BLOCK * (1 - p) / p);
+    print_message("%llu samples (expected %.0f, sd %.1f), weights/bytes %.4f (%.2f sd), "
+                  "%llu drawn with another interval, effective interval %llu\n",
+                  (unsigned long long)samples, expected, sd, weight / bytes,
+                  fabs(weight - bytes) / weight_sd, (unsigned long long)off_interval,
+                  (unsigned long long)dd_get_effective_sampling_interval());
+    assert_true(fabs((double)samples - expected) <= 5 * sd);
+    assert_true(fabs(weight - bytes) <= 5 * weight_sd + 0.5 * (double)samples);
+    assert_int_equal(off_interval, 0);
+    assert_int_equal(dd_get_effective_sampling_interval(), interval);
+    dd_set_max_samples_per_second(0);
 }
 
 /* --- the API from several threads at once --- */
@@ -296,6 +346,7 @@ int main(void)
         cmocka_unit_test(test_api_over_environment),
         cmocka_unit_test(test_exact_mode_is_never_limited),
         cmocka_unit_test(test_burst_raises_the_interval),
+        cmocka_unit_test(test_short_program_keeps_the_interval),
         cmocka_unit_test(test_api_from_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

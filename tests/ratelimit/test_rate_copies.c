@@ -1,7 +1,7 @@
 /*
  * One budget for every copy of ddheap in the process: the executable's
  * copy and a shared library's (rate_plugin.c, its own libddheap.a) share
- * ddheap_rate_v1, a GNU unique object. Checked both ways: a limit set
+ * ddheap_rate_v2, a GNU unique object. Checked both ways: a limit set
  * through either copy's API is the other's; samples taken through one
  * copy raise the interval the other copy's threads draw with; and each
  * copy still applies the raised mean to its own configured interval. A
@@ -40,10 +40,13 @@ static void test_one_budget(void **state)
     dd_set_max_samples_per_second(1000);
     assert_int_equal(dd_get_effective_sampling_interval(), 4096);
     assert_int_equal(rate_plugin_effective(), 8192);
-    /* A burst through the plugin's copy only: ~1 sample per 16 KiB block
-     * at 8 KiB, far beyond 1000 a second; the first quota (25 samples)
-     * closes a window and raises the needed mean for the whole process. */
-    uint64_t samples = rate_plugin_sample_burst(2000);
+    /* A burst through the plugin's copy only: 0.86 samples per 16 KiB
+     * block at 8 KiB, about 3460, far beyond 1000 a second: the sample
+     * that empties the bucket (1000, plus 1000 a second of running time,
+     * so unless this takes over 2.4 s) raises the needed mean for the
+     * whole process to what the last window (its quota: 25 samples)
+     * measured. */
+    uint64_t samples = rate_plugin_sample_burst(4000);
     uint64_t mine = dd_get_effective_sampling_interval();
     uint64_t theirs = rate_plugin_effective();
     print_message("%llu samples through the plugin; effective interval here %llu, there %llu\n",

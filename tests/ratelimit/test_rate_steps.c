@@ -10,8 +10,10 @@
  *    allocation rate would exceed it at the configured interval, else that
  *    rate at the configured interval (derived from the blocks the threads
  *    really allocated, so a loaded machine expects what it achieved);
- *  - no 100 ms window, anywhere in the run, holds more than 2x the limit's
- *    share (0.2 L samples);
+ *  - no 100 ms window, anywhere in the run, holds more than the burst the
+ *    limit allows (its bucket: one second's worth, L samples) plus 2x the
+ *    limit's share (0.2 L): 1.2 L. (Before the burst, issue 23, the bound
+ *    was 0.2 L: every rise was cut short after a window's quota.);
  *  - the summed weights within 5 sd of the true bytes, in every step and
  *    over the run, sd from DESIGN §3 with each block's own R;
  *  - when the rate has dropped below the limit: the effective interval is
@@ -173,8 +175,9 @@ static void run_steps(int threads)
     check(mismatched == 0, "samples not weighted with their own countdown's interval: %llu of %llu",
           (unsigned long long)mismatched, (unsigned long long)all_samples);
     uint64_t busiest = busiest_100ms();
-    check(busiest <= 2 * LIMIT / 10, "busiest 100 ms window: %llu samples, <= 2x the limit (%u)",
-          (unsigned long long)busiest, 2 * LIMIT / 10);
+    check(busiest <= LIMIT + 2 * LIMIT / 10,
+          "busiest 100 ms window: %llu samples, <= the burst plus 2x the limit's share (%u)",
+          (unsigned long long)busiest, LIMIT + 2 * LIMIT / 10);
     check(all_samples == n_stamps, "samples the threads saw (%llu) = alloc probes fired (%llu)",
           (unsigned long long)all_samples, (unsigned long long)n_stamps);
     dd_set_max_samples_per_second(0);

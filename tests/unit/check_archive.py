@@ -68,8 +68,8 @@ def main():
     check(not bad, "every global symbol is prefixed dd_/ddheap_" + (f" (not: {', '.join(sorted(set(bad)))})" if bad else ""))
     unique = [l for l in symbols.splitlines() if l.endswith(" ddheap_shared_v3")]
     check(any(" u " in l for l in unique), "ddheap_shared_v3 is a GNU unique symbol")
-    unique = [l for l in symbols.splitlines() if l.endswith(" ddheap_rate_v1")]
-    check(any(" u " in l for l in unique), "ddheap_rate_v1 is a GNU unique symbol")
+    unique = [l for l in symbols.splitlines() if l.endswith(" ddheap_rate_v2")]
+    check(any(" u " in l for l in unique), "ddheap_rate_v2 is a GNU unique symbol")
 
     # Each scheme's own cold-path entry points: a library built with the
     # wrong ddheap/config.h would lack them (the shadow archive is built
