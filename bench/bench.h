@@ -40,7 +40,9 @@ extern const struct dd_bench_api dd_bench_api_pie;
 extern const struct dd_bench_api dd_bench_api_pic;
 
 /* probes.c: the same 3-argument probe built the usual way (sys/sdt.h's
- * 1-byte nop) and with ddheap's 5-byte nop, for the probe-hit comparison. */
+ * 1-byte nop, as ddheap has it) and with a 5-byte nop, which a kernel that
+ * optimises uprobes turns into a call (src/probes.c says why ddheap does
+ * not use it), for the probe-hit comparison. */
 extern unsigned short dd_bench_usual_semaphore;
 extern unsigned short dd_bench_nop5_semaphore;
 void dd_bench_probe_usual(uint64_t a, uint64_t b, uint64_t c);

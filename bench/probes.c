@@ -1,8 +1,9 @@
 /*
  * Bench-only probes for the probe-hit comparison: one 3-argument probe
  * built the way most projects build one (sys/sdt.h as shipped: a 1-byte
- * nop, default operand constraint) and the same with the 5-byte nop that
- * src/probes.c uses on x86-64. Provider dd_bench, so they can never be
+ * nop, default operand constraint, as src/probes.c has it) and the same
+ * with a 5-byte nop, which this kernel optimises into a call (and which
+ * src/probes.c gave up: it crashes forked children). Provider dd_bench, so they can never be
  * mistaken for ddheap's. Semaphores let the driver wait until a tracer is
  * attached to both before timing.
  */

@@ -11,9 +11,14 @@
  * in every build type, -O0 included, where the default "nor" constraint
  * would describe stack slots.
  *
- * The probe site is a 5-byte nop on x86-64 instead of sys/sdt.h's 1-byte
- * one: the kernel can optimise a uprobe on a 5-byte nop (no single-step),
- * which roughly halves the cost of a probe hit.
+ * The probe site is sys/sdt.h's own 1-byte nop. A 5-byte nop would let a
+ * kernel that optimises uprobes (Linux 6.18 does) replace a hit probe by
+ * a call into a trampoline page, about halving the cost of a hit; but a
+ * child forked after that inherits the call and not the page, and
+ * crashes at its next probe hit (measured here: every forked child of a
+ * traced program, SIGSEGV at the trampoline's address). A program that
+ * forks without exec (a server's workers, redis's BGSAVE, Python's
+ * multiprocessing) must survive being traced: tests/tracer/fork_probe.c.
  */
 #include "internal.h"
 
@@ -27,10 +32,6 @@
 #define STAP_SDT_ARG_CONSTRAINT r
 #endif
 #include <sys/sdt.h>
-#if defined(__x86_64__)
-#undef _SDT_NOP
-#define _SDT_NOP .nops 5
-#endif
 
 /* The semaphores, laid out by hand so that the two alloc semaphores form
  * one aligned 32-bit word, ddheap__tracer_gate, which the fast path loads

@@ -473,8 +473,35 @@ def test_live_seeds(c, workload, tools):
                               f"(standard error of the mean {1 / math.sqrt(len(errors)):.2f})")
 
 
+def test_fork(c, workload, tools):
+    """A traced program forks children that allocate without exec: every
+    child exits normally (a probe site a kernel rewrote into a call to a
+    trampoline page would crash them), and the parent's events arrive."""
+    w = Workload(workload, [], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+    t = None
+    try:
+        w.wait_line("fork: pid=")
+        t = Tracer(os.path.join(tools, "ddheap-alloc.bt"), [workload], w.pid)
+        t.wait_ready("ddheap-alloc: tracing")
+        w.send("go")
+        done = w.wait_line("fork: children=")
+        out = t.stop()
+        code = w.finish()
+    finally:
+        w.kill()
+        harness.stop_quietly(t)
+    for line in w.lines:
+        if "ended with wait status" in line:
+            print(line)
+    c.equal(done, "fork: children=5 crashed=0 attached=1", "every forked child exited normally")
+    c.equal(code, 0, "exit code")
+    # Interval 1: every block of the parent (2000, then 200 after each of 5
+    # forks) is one sample; -p leaves the children's out.
+    c.equal(harness.results(out)["samples"], 3000, "samples of the parent")
+
+
 TESTS = {"no_tracer": test_no_tracer, "events": test_events, "exact": test_exact, "sampled": test_sampled,
-         "detach": test_detach, "stacks": test_stacks, "live_full": test_live_full,
+         "fork": test_fork, "detach": test_detach, "stacks": test_stacks, "live_full": test_live_full,
          "live_seeds": test_live_seeds}
 
 
