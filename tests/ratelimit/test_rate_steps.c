@@ -13,7 +13,8 @@
  *  - no 100 ms window, anywhere in the run, holds more than 2x the limit's
  *    share (0.2 L samples);
  *  - the summed weights within 5 sd of the true bytes, in every step and
- *    over the run, sd from DESIGN §3 with each block's own R;
+ *    over the run, sd as docs/design.md ("Sampling") derives it, with each
+ *    block's own R;
  *  - when the rate has dropped below the limit: the effective interval is
  *    back at the configured one 1 s into the step, and no sample taken
  *    after that first second was drawn with another interval.

@@ -1,6 +1,7 @@
 /*
  * A signal handler that allocates while its thread is in the middle of
- * ddheap's cold path. DESIGN §3: the cold path keeps a per-thread reentry
+ * ddheap's cold path. docs/design.md, "The cold path's manners": the
+ * cold path keeps a per-thread reentry
  * guard, so an allocation that interrupts the sampling decision passes
  * through unsampled and leaves the interrupted one intact; errno is saved
  * and restored around every cold path.

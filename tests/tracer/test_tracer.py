@@ -447,7 +447,7 @@ def test_live_seeds(c, workload, tools):
     """tools/ddheap-live.bt is unbiased: over 16 short runs with fixed,
     distinct seeds (R = 64 KiB, ~100 sampled blocks live at the end of
     each), the mean of the runs' live errors, each in units of its own
-    standard deviation (DESIGN 3), lies within +-0.5. Were the estimate
+    standard deviation (docs/design.md, "Sampling"), lies within +-0.5. Were the estimate
     unbiased by chance alone, the mean of 16 such errors would be N(0, 1/16):
     outside +-0.5 with probability 4.6 % for a given set of seeds, and the
     seeds are fixed, so the outcome repeats. In every run the script's

@@ -1,5 +1,5 @@
 /*
- * sampler.c: the Poisson sampler and its weights (DESIGN §3).
+ * sampler.c: the Poisson sampler and its weights (docs/design.md, "Sampling").
  *
  * Statistical bounds, derived: a block of S bytes is sampled with
  * p = 1 - e^(-S/R) and then weighs S/p, else 0. Over N such blocks the sum

@@ -1,5 +1,6 @@
 /*
- * Per-thread state and fork (DESIGN §5): four threads allocating at once
+ * Per-thread state and fork (docs/design.md, "Per-thread state and
+ * fork"): four threads allocating at once
  * keep independent countdowns (each, seeded alike, picks exactly the sample
  * points a lone thread picks), blocks sampled on one thread are released
  * correctly on another, and a block sampled before fork frees correctly in
