@@ -16,8 +16,9 @@ run() { # name, CC, meson options...
   shift 2
   local dir=$root/$name
   # ddheap-prof is not in the suites run here (suite 'prof' runs in the
-  # native stage): it is not built, which saves two builds of it.
-  set -- "$@" -Dprof=disabled
+  # native stage): it is not built, which saves two builds of it; nor are
+  # the benchmarks and examples, which no test runs.
+  set -- "$@" -Dprof=disabled -Dbench=false -Dexamples=false
   CC=$compiler meson setup --wipe "$dir" "$@" >/dev/null 2>&1 || CC=$compiler meson setup "$dir" "$@"
   meson compile -C "$dir"
   # 'consumers' builds its outside programs with this build's compiler and
@@ -25,11 +26,10 @@ run() { # name, CC, meson options...
   meson test -C "$dir" --print-errorlogs --num-processes 2 --timeout-multiplier 3 --suite unit --suite stress
 }
 
-run asan-ubsan gcc -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
-run tsan clang -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false -Dbench=false
+run asan-ubsan gcc -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+run tsan clang -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false
 # The shadow scheme has no no_sanitize exemption to lean on: any read
 # outside a block would be reported (the slab test poisons free objects).
 run asan-ubsan-shadow gcc -Dbuildtype=debug -Dmarking=shadow -Db_sanitize=address,undefined \
-  -Db_lundef=false -Dbench=false -Dexamples=false
-run tsan-shadow clang -Dbuildtype=debug -Dmarking=shadow -Db_sanitize=thread -Db_lundef=false \
-  -Dbench=false -Dexamples=false
+  -Db_lundef=false
+run tsan-shadow clang -Dbuildtype=debug -Dmarking=shadow -Db_sanitize=thread -Db_lundef=false

@@ -6,7 +6,8 @@
 # release build type: the probe notes and the inlined fast path must hold
 # at -O2 as well as at -O0. Like the native stage, one more build turns the
 # options off (no live heap, one provider) and runs suite 'options'.
-# Benchmarks are not built: timings under emulation mean nothing. Every
+# Benchmarks are not built (timings under emulation mean nothing), nor
+# the examples (no test runs them; the native stage compiles them). Every
 # variant runs even if one fails, so one CI run shows all of them; the
 # stage fails if any did. See docs/arm64.md.
 #
@@ -38,7 +39,7 @@ for spec in "${variants[@]}"; do
   IFS='|' read -r variant options selection <<<"$spec"
   dir=$root/aarch64-$variant
   # shellcheck disable=SC2206 # the option strings are split on purpose
-  args=(--cross-file "$cross" $options -Dbench=false)
+  args=(--cross-file "$cross" $options -Dbench=false -Dexamples=false)
   start=$(now_ms)
   result=passed
   # --wipe keeps a reused directory from carrying stale options.
