@@ -9,7 +9,7 @@
  * on a thread whose first ddheap call happens during its exit, and for
  * blocks sampled on another (already finished) thread.
  */
-#include "robust_alloc.h"
+#include "recording_alloc.h"
 
 #include <stdarg.h>
 #include <stddef.h>

@@ -24,7 +24,7 @@
 
 #include <cmocka.h>
 
-#include "fake_alloc.h"
+#include "recording_alloc.h"
 
 #if !DDHEAP_MARK_SHADOW
 #error "test_mark_shadow must be built against ddheap_shadow_dep"
@@ -367,20 +367,20 @@ static void test_realloc_passes_through(void **state)
     (void)state;
     for (int sampled = 0; sampled <= 1; sampled++) {
         tracer_on(sampled ? 1 : UINT64_C(1) << 62);
-        char *p = t_malloc(40);
+        char *p = w_malloc(40);
         for (size_t n = 50; n < 5000; n = n * 3) {
             dd_realloc_prep_t prep = dd_allocation_realloc_prepare(p, n);
             assert_ptr_equal(prep.raw_ptr, p);
             assert_int_equal(prep.raw_size, n);
-            void *raw = fake_raw_realloc(prep.raw_ptr, prep.raw_size);
+            void *raw = ra_realloc(prep.raw_ptr, prep.raw_size);
             char *q = dd_allocation_realloc_commit(p, raw, prep);
             assert_ptr_equal(q, raw);
             p = q;
         }
-        t_free(p);
+        w_free(p);
         assert_int_equal(rec.allocs, rec.frees);
         assert_int_equal(rec.allocs, sampled ? 6 : 0); /* malloc and 5 reallocs */
-        assert_int_equal(fake.live, 0);
+        assert_int_equal(ra.live, 0);
         assert_int_equal(ddheap_test_live_marked(), 0);
         tracer_off();
     }
