@@ -438,6 +438,16 @@ static inline void tracer_off(void)
     ddheap_test_set_probe_hook(NULL, NULL);
 }
 
+/* The end of a case that must leave nothing behind: every raw block back,
+ * no allocator complaint, no mark left in the process. */
+static inline void tracer_done(void)
+{
+    assert_int_equal(ra_live(), 0);
+    assert_int_equal(ra_errors(), 0);
+    assert_int_equal(ddheap_test_live_marked(), 0);
+    tracer_off();
+}
+
 /* Marked blocks live before the case began (other cases may keep some). */
 static uint64_t robust_marked_before;
 
@@ -470,5 +480,8 @@ static inline int robust_teardown(void **state)
     assert_int_equal(ddheap_test_live_marked(), robust_marked_before);
     return 0;
 }
+
+/* A robustness case in a cmocka list: set up and checked as above. */
+#define ROBUST_CASE(test) cmocka_unit_test_setup_teardown(test, robust_setup, robust_teardown)
 
 #endif /* DDHEAP_TEST_RECORDING_ALLOC_H */

@@ -19,6 +19,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "test_main.h"
+
 #define BLOCK 16384u
 
 static unsigned char block_buffer[BLOCK + 4096] __attribute__((aligned(64)));
@@ -288,15 +290,10 @@ static void test_api_from_threads(void **state)
     assert_int_equal(dd_get_effective_sampling_interval(), 8192);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_rate),
-        cmocka_unit_test(test_environment_values),
-        cmocka_unit_test(test_api_over_environment),
-        cmocka_unit_test(test_exact_mode_is_never_limited),
-        cmocka_unit_test(test_burst_raises_the_interval),
-        cmocka_unit_test(test_api_from_threads),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_parse_rate),
+    cmocka_unit_test(test_environment_values),
+    cmocka_unit_test(test_api_over_environment),
+    cmocka_unit_test(test_exact_mode_is_never_limited),
+    cmocka_unit_test(test_burst_raises_the_interval),
+    cmocka_unit_test(test_api_from_threads))

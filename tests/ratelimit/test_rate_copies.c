@@ -15,6 +15,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "test_main.h"
+
 #include "ddheap_plugin.h"
 
 static void test_one_limit(void **state)
@@ -76,12 +78,7 @@ static void test_dlopened_copy(void **state)
     dlclose(h);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_one_limit),
-        cmocka_unit_test(test_one_budget),
-        cmocka_unit_test(test_dlopened_copy),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_one_limit),
+    cmocka_unit_test(test_one_budget),
+    cmocka_unit_test(test_dlopened_copy))

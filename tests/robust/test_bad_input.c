@@ -13,6 +13,7 @@
  * docs/reliability.md lists the documented result of each input.
  */
 #include "recording_alloc.h"
+#include "test_main.h"
 #include "mark.h" /* DDHEAP_MARK_KEEPS_REPORT */
 
 #include <stdarg.h>
@@ -332,19 +333,14 @@ static void test_errno_preserved(void **state)
 #undef KEEPS_ERRNO
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_size_zero, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_size_overflow, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_zero, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_not_power_of_two, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_huge, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_real_alloc_fails, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_real_realloc_fails, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_free_null, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_realloc_null_zero, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_errno_preserved, robust_setup, robust_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    ROBUST_CASE(test_size_zero),
+    ROBUST_CASE(test_size_overflow),
+    ROBUST_CASE(test_alignment_zero),
+    ROBUST_CASE(test_alignment_not_power_of_two),
+    ROBUST_CASE(test_alignment_huge),
+    ROBUST_CASE(test_real_alloc_fails),
+    ROBUST_CASE(test_real_realloc_fails),
+    ROBUST_CASE(test_free_null),
+    ROBUST_CASE(test_realloc_null_zero),
+    ROBUST_CASE(test_errno_preserved))

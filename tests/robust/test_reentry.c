@@ -28,6 +28,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "test_main.h"
+
 #define CHUNK 512u
 #define CHUNKS 256u
 #define WORDS (CHUNKS / 64u)
@@ -361,12 +363,7 @@ static void test_signal_storm(void **state)
     assert_int_equal(order_errors, 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_guard_passes_through, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_signal_inside_probe, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_signal_storm, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_guard_passes_through, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_signal_inside_probe, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_signal_storm, setup, teardown))

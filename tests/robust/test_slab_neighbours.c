@@ -29,6 +29,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "test_main.h"
+
 #if defined(__SANITIZE_ADDRESS__)
 #define SLAB_ASAN 1
 #elif defined(__has_feature)
@@ -297,11 +299,6 @@ static void test_control_poison_is_live(void **state)
         fail_msg("the control read was not reported as use-after-poison; child said: %s", text);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_packed_neighbours),
-        cmocka_unit_test(test_control_poison_is_live),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_packed_neighbours),
+    cmocka_unit_test(test_control_poison_is_live))

@@ -12,6 +12,7 @@
 #include "internal.h"
 #include "mark.h"
 #include "recording_alloc.h"
+#include "test_main.h"
 
 #include <math.h>
 
@@ -147,15 +148,10 @@ static void test_small_alignment_overhead(void **state)
     tracer_off();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_page_alignment),
-        cmocka_unit_test(test_64k_alignment),
-        cmocka_unit_test(test_2m_alignment),
-        cmocka_unit_test(test_many_live_page_aligned_blocks),
-        cmocka_unit_test(test_invalid_alignments_pass_through),
-        cmocka_unit_test(test_small_alignment_overhead),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_page_alignment),
+    cmocka_unit_test(test_64k_alignment),
+    cmocka_unit_test(test_2m_alignment),
+    cmocka_unit_test(test_many_live_page_aligned_blocks),
+    cmocka_unit_test(test_invalid_alignments_pass_through),
+    cmocka_unit_test(test_small_alignment_overhead))

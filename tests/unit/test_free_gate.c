@@ -30,6 +30,8 @@
 
 #include <cmocka.h>
 
+#include "test_main.h"
+
 #include "ddheap_plugin.h"
 
 static unsigned long frees_reported;
@@ -148,10 +150,5 @@ static void test_gates_open_before_the_first_mark(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gates_open_before_the_first_mark),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_gates_open_before_the_first_mark))

@@ -20,6 +20,8 @@
 
 #include <cmocka.h>
 
+#include "test_main.h"
+
 #include "ddheap_plugin.h"
 
 #if DDHEAP_MARK_SHADOW || DDHEAP_MARK_TBI
@@ -147,11 +149,6 @@ static void test_header_wrapper_over_shadow_wrapper(void **state)
     trace_both(false);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_each_scheme_counts_its_own),
-        cmocka_unit_test(test_header_wrapper_over_shadow_wrapper),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_each_scheme_counts_its_own),
+    cmocka_unit_test(test_header_wrapper_over_shadow_wrapper))

@@ -8,6 +8,7 @@
  */
 #include "internal.h"
 #include "recording_alloc.h"
+#include "test_main.h"
 
 static void test_alloc_free_by_option(void **state)
 {
@@ -68,12 +69,7 @@ static void test_gate_is_either_semaphore(void **state)
     assert_false(dd_heap_profiler_attached());
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_alloc_free_by_option),
-        cmocka_unit_test(test_realloc_by_option),
-        cmocka_unit_test(test_gate_is_either_semaphore),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_alloc_free_by_option),
+    cmocka_unit_test(test_realloc_by_option),
+    cmocka_unit_test(test_gate_is_either_semaphore))

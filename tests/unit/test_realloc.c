@@ -11,6 +11,7 @@
 #include "internal.h"
 #include "mark.h"
 #include "recording_alloc.h"
+#include "test_main.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -85,9 +86,7 @@ static void one_case(enum ra_realloc_mode mode, bool old_sampled, bool new_sampl
     sampling(false);
     w_free_sized(fresh, new_size, 0); /* the recording allocator asserts the exact size */
     assert_int_equal(rec.frees, new_sampled ? 1 : 0);
-    assert_int_equal(ra.live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 static void test_all_combinations(void **state)
@@ -158,9 +157,7 @@ static void failed_realloc_case(bool old_sampled, size_t alignment, size_t size,
     w_free_sized(old, size, alignment); /* still recognised: raw and size recovered */
     assert_int_equal(rec.frees, old_sampled && !dropped ? 1 : 0);
     assert_int_equal(rec.n, old_sampled && !dropped ? 1 : 0);
-    assert_int_equal(ra.live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 static void test_failed_realloc_reports_old_block_again(void **state)
@@ -205,9 +202,7 @@ static void test_realloc_to_zero_frees(void **state)
         assert_null(w_realloc(p, 0));
         assert_int_equal(rec.frees, old_s ? 1 : 0);
         assert_int_equal(rec.allocs, 0);
-        assert_int_equal(ra.live, 0);
-        assert_int_equal(ddheap_test_live_marked(), 0);
-        tracer_off();
+        tracer_done();
     }
 }
 
@@ -233,9 +228,7 @@ static void test_realloc_of_aligned_blocks(void **state)
                 q = w_realloc(q, 700);
                 check_fill(q, 700, 5);
                 w_free_sized(q, 700, 0);
-                assert_int_equal(ra.live, 0);
-                assert_int_equal(ddheap_test_live_marked(), 0);
-                tracer_off();
+                tracer_done();
             }
 }
 
@@ -388,21 +381,14 @@ static void test_realloc_growth_unbiased(void **state)
     for (int b = 0; b < buffers; b++)
         if (kept[b])
             w_free_sized(kept[b], kept_size[b], 0);
-    assert_int_equal(ra.live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_all_combinations),
-        cmocka_unit_test(test_failed_realloc_reports_old_block_again),
-        cmocka_unit_test(test_realloc_null_allocates),
-        cmocka_unit_test(test_realloc_to_zero_frees),
-        cmocka_unit_test(test_realloc_of_aligned_blocks),
-        cmocka_unit_test(test_signal_handler_inside_realloc_is_ordered),
-        cmocka_unit_test(test_realloc_growth_unbiased),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_all_combinations),
+    cmocka_unit_test(test_failed_realloc_reports_old_block_again),
+    cmocka_unit_test(test_realloc_null_allocates),
+    cmocka_unit_test(test_realloc_to_zero_frees),
+    cmocka_unit_test(test_realloc_of_aligned_blocks),
+    cmocka_unit_test(test_signal_handler_inside_realloc_is_ordered),
+    cmocka_unit_test(test_realloc_growth_unbiased))

@@ -15,6 +15,7 @@
 #include "internal.h"
 #include "mark.h"
 #include "recording_alloc.h"
+#include "test_main.h"
 
 #include <errno.h>
 #include <math.h>
@@ -305,23 +306,18 @@ static void test_failed_allocation_reports_nothing(void **state)
     tracer_off();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_weights_unbiased_at_4k),
-        cmocka_unit_test(test_weights_unbiased_at_default),
-        cmocka_unit_test(test_large_blocks_weigh_their_size),
-        cmocka_unit_test(test_gap_distribution),
-        cmocka_unit_test(test_interval_one_samples_everything),
-        cmocka_unit_test(test_no_tracer_no_sampling),
-        cmocka_unit_test(test_simulated_tracer_counts),
-        cmocka_unit_test(test_disabled_by_environment),
-        cmocka_unit_test(test_interval_change_is_immediate),
-        cmocka_unit_test(test_seed_repeats),
-        cmocka_unit_test(test_errno_preserved),
-        cmocka_unit_test(test_errno_survives_the_hook),
-        cmocka_unit_test(test_reentry_passes_through),
-        cmocka_unit_test(test_failed_allocation_reports_nothing),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_weights_unbiased_at_4k),
+    cmocka_unit_test(test_weights_unbiased_at_default),
+    cmocka_unit_test(test_large_blocks_weigh_their_size),
+    cmocka_unit_test(test_gap_distribution),
+    cmocka_unit_test(test_interval_one_samples_everything),
+    cmocka_unit_test(test_no_tracer_no_sampling),
+    cmocka_unit_test(test_simulated_tracer_counts),
+    cmocka_unit_test(test_disabled_by_environment),
+    cmocka_unit_test(test_interval_change_is_immediate),
+    cmocka_unit_test(test_seed_repeats),
+    cmocka_unit_test(test_errno_preserved),
+    cmocka_unit_test(test_errno_survives_the_hook),
+    cmocka_unit_test(test_reentry_passes_through),
+    cmocka_unit_test(test_failed_allocation_reports_nothing))

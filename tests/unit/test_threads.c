@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "test_main.h"
+
 #define OPS 200000
 #define MAX_SAMPLES 8192
 #define THREADS 4
@@ -149,12 +151,7 @@ static void test_fork_keeps_sampled_blocks(void **state)
     dd_heap_simulate_tracer(false);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_independent_countdowns),
-        cmocka_unit_test(test_free_on_another_thread),
-        cmocka_unit_test(test_fork_keeps_sampled_blocks),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_independent_countdowns),
+    cmocka_unit_test(test_free_on_another_thread),
+    cmocka_unit_test(test_fork_keeps_sampled_blocks))
