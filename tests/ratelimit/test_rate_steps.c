@@ -38,6 +38,8 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
+#include "test_main.h"
+
 #define LIMIT 8000u
 #define INTERVAL (64u * 1024u)
 #define BLOCK (16u * 1024u)
@@ -235,30 +237,17 @@ static void test_weights_under_fast_changes(void **state)
         fail_msg("%d check(s) failed", failures);
 }
 
-static void test_one_thread(void **state)
+static void test_threads(void **state)
 {
-    (void)state;
-    run_steps(1);
-}
-
-static void test_two_threads(void **state)
-{
-    (void)state;
-    run_steps(2);
-}
-
-static void test_four_threads(void **state)
-{
-    (void)state;
-    run_steps(4);
+    run_steps((int)DDHEAP_CASE_VALUE(state));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_one_thread),
-        cmocka_unit_test(test_two_threads),
-        cmocka_unit_test(test_four_threads),
+        DDHEAP_CASE_WITH(test_threads, "one thread", 1),
+        DDHEAP_CASE_WITH(test_threads, "two threads", 2),
+        DDHEAP_CASE_WITH(test_threads, "four threads", 4),
         cmocka_unit_test(test_weights_under_fast_changes),
     };
     const char *only = getenv("DDHEAP_TEST_ONLY"); /* e.g. "*fast*": one test while iterating */

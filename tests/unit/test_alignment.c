@@ -57,28 +57,13 @@ static void check_big_alignment(size_t alignment)
     assert_true(fabs(samples - mean) <= 5 * sd);
     assert_int_equal(rec.allocs, samples);
     assert_int_equal(rec.frees, samples);
-    assert_int_equal(ra.live, 0);
     assert_int_equal(ddheap_shared_v3.table_live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
-static void test_page_alignment(void **state)
+static void test_big_alignment(void **state)
 {
-    (void)state;
-    check_big_alignment(4096);
-}
-
-static void test_64k_alignment(void **state)
-{
-    (void)state;
-    check_big_alignment(65536);
-}
-
-static void test_2m_alignment(void **state)
-{
-    (void)state;
-    check_big_alignment(UINT64_C(2) << 20);
+    check_big_alignment(DDHEAP_CASE_VALUE(state));
 }
 
 /* Many page-aligned sampled blocks live at once, freed in another order:
@@ -105,8 +90,7 @@ static void test_many_live_page_aligned_blocks(void **state)
     assert_int_equal(rec.frees, N);
     assert_int_equal(ddheap_shared_v3.table_live, 0);
     assert_int_equal(ddheap_shared_v3.table_overflow, 0);
-    assert_int_equal(ra.live, 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Not a power of two: passed through unsampled, the pointer untouched.
@@ -144,14 +128,13 @@ static void test_small_alignment_overhead(void **state)
         assert_int_equal(req.size - req.user_size, expected);
         w_free(dd_allocation_created(ra_alloc(req.size, a), req));
     }
-    assert_int_equal(ra.live, 0);
-    tracer_off();
+    tracer_done();
 }
 
 DDHEAP_TEST_MAIN(
-    cmocka_unit_test(test_page_alignment),
-    cmocka_unit_test(test_64k_alignment),
-    cmocka_unit_test(test_2m_alignment),
+    DDHEAP_CASE_WITH(test_big_alignment, "page alignment", 4096),
+    DDHEAP_CASE_WITH(test_big_alignment, "64 KiB alignment", 65536),
+    DDHEAP_CASE_WITH(test_big_alignment, "2 MiB alignment", UINT64_C(2) << 20),
     cmocka_unit_test(test_many_live_page_aligned_blocks),
     cmocka_unit_test(test_invalid_alignments_pass_through),
     cmocka_unit_test(test_small_alignment_overhead))
