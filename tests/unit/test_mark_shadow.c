@@ -87,8 +87,7 @@ static void test_metadata_for_4000_blocks_over_1gib(void **state)
         release(at[i], 64, 0);
     assert_int_equal(rec.allocs, N);
     assert_int_equal(rec.frees, N);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Issue 12, item 2: for every block, sampled or not, every alignment
@@ -110,8 +109,7 @@ static void test_contract_at_every_alignment(void **state)
         }
         assert_int_equal(rec.allocs, sampled ? n : 0);
         assert_int_equal(rec.frees, sampled ? n : 0);
-        assert_int_equal(ddheap_test_live_marked(), 0);
-        tracer_off();
+        tracer_done();
     }
 }
 
@@ -146,8 +144,7 @@ static void test_every_granule_of_a_page(void **state)
         release(address, 0, 0); /* again: the bit is gone */
         assert_int_equal(rec.frees, before + 1);
     }
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Item 5: a sampled block freed without ddheap leaves a stale bit. The
@@ -169,8 +166,7 @@ static void test_stale_bit_reported_by_the_next_free(void **state)
     assert_int_equal(ddheap_test_live_marked(), 1); /* x + 64 is still marked */
     release(x + 64, 48, 0);
     assert_int_equal(rec.frees, 2);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Item 5: a later sampled block at a stale address works: the stale block's
@@ -192,8 +188,7 @@ static void test_stale_bit_then_sampled_again(void **state)
     assert_int_equal(ddheap_test_live_marked(), 1);
     release(x, 32, 0);
     assert_int_equal(rec.frees, 2);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Blocks that one bit per 8 bytes cannot tell apart (not 8-byte aligned),
@@ -210,8 +205,7 @@ static void test_unmarkable_addresses_pass_through(void **state)
         release(odd[i], 4, 0);
     }
     assert_int_equal(rec.n, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* More live marks than the first table holds: further tables are mapped
@@ -232,8 +226,7 @@ static void test_tables_grow_with_live_blocks(void **state)
         release(base + (i * 7919 % N) * 128, 0, 0);
     assert_int_equal(rec.allocs, N);
     assert_int_equal(rec.frees, N);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Item 3, bounded memory: a heap that wanders across the address space
@@ -274,8 +267,7 @@ static void test_wandering_heap_stays_bounded(void **state)
         release(live[i], 0, 0);
     assert_int_equal(rec.allocs, (size_t)LIVE * ROUNDS);
     assert_int_equal(rec.frees, (size_t)LIVE * ROUNDS);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Threads marking and unmarking interleaved addresses of the same words:
@@ -333,8 +325,7 @@ static void test_threads_share_words(void **state)
         assert_int_equal(thread_frees[i], (size_t)PER_THREAD * ROUNDS_PER_THREAD);
         assert_int_equal(thread_wrong[i], 0);
     }
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* A block sampled before fork is recognised in the child, and the child's
