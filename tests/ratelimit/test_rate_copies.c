@@ -1,6 +1,6 @@
 /*
  * One budget for every copy of ddheap in the process: the executable's
- * copy and a shared library's (rate_plugin.c, its own libddheap.a) share
+ * copy and a shared library's (tests/lib/ddheap_plugin.c, its own libddheap.a) share
  * ddheap_rate_v1, a GNU unique object. Checked both ways: a limit set
  * through either copy's API is the other's; samples taken through one
  * copy raise the interval the other copy's threads draw with; and each
