@@ -27,11 +27,12 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 seconds() { printf '%d.%d s' $(($1 / 1000)) $(($1 % 1000 / 100)); }
 
 # name | meson options | meson test selection
+# (suite 'once' does not depend on the build: it runs in the native stage)
 variants=(
-  "tbi-debug|-Dbuildtype=debug -Dmarking=tbi|--no-suite tracer"
-  "tbi-release|-Dbuildtype=release -Dmarking=tbi|--no-suite tracer"
-  "header-debug|-Dbuildtype=debug -Dmarking=header|--no-suite tracer"
-  "shadow-debug|-Dbuildtype=debug -Dmarking=shadow|--no-suite tracer"
+  "tbi-debug|-Dbuildtype=debug -Dmarking=tbi|--no-suite tracer --no-suite once"
+  "tbi-release|-Dbuildtype=release -Dmarking=tbi|--no-suite tracer --no-suite once"
+  "header-debug|-Dbuildtype=debug -Dmarking=header|--no-suite tracer --no-suite once"
+  "shadow-debug|-Dbuildtype=debug -Dmarking=shadow|--no-suite tracer --no-suite once"
   "tbi-options|-Dbuildtype=debug -Dmarking=tbi -Dlive_heap=false -Dproviders=otel_memory|--suite options"
 )
 
