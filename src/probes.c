@@ -61,21 +61,25 @@ extern unsigned short otel_memory_alloc_semaphore DDHEAP__HIDDEN;
 extern unsigned short otel_memory_free_semaphore DDHEAP__HIDDEN;
 extern unsigned short otel_memory_realloc_semaphore DDHEAP__HIDDEN;
 
+/* The platform's first four integer argument registers, which the probe
+ * notes name (docs/probes.md, "Registers"). */
 #if defined(__x86_64__)
-#define DDHEAP_ARG_REGS(a, b, c, d)                                                                \
-    register uint64_t a1 __asm__("rdi") = (a);                                                     \
-    register uint64_t a2 __asm__("rsi") = (b);                                                     \
-    register uint64_t a3 __asm__("rdx") = (c);                                                     \
-    register uint64_t a4 __asm__("rcx") = (d)
-#define DDHEAP_ARG_REG1(a) register uint64_t a1 __asm__("rdi") = (a)
+#define DDHEAP_REG1 "rdi"
+#define DDHEAP_REG2 "rsi"
+#define DDHEAP_REG3 "rdx"
+#define DDHEAP_REG4 "rcx"
 #elif defined(__aarch64__)
-#define DDHEAP_ARG_REGS(a, b, c, d)                                                                \
-    register uint64_t a1 __asm__("x0") = (a);                                                      \
-    register uint64_t a2 __asm__("x1") = (b);                                                      \
-    register uint64_t a3 __asm__("x2") = (c);                                                      \
-    register uint64_t a4 __asm__("x3") = (d)
-#define DDHEAP_ARG_REG1(a) register uint64_t a1 __asm__("x0") = (a)
+#define DDHEAP_REG1 "x0"
+#define DDHEAP_REG2 "x1"
+#define DDHEAP_REG3 "x2"
+#define DDHEAP_REG4 "x3"
 #endif
+#define DDHEAP_ARG_REG1(a) register uint64_t a1 __asm__(DDHEAP_REG1) = (a)
+#define DDHEAP_ARG_REGS(a, b, c, d)                                                                \
+    DDHEAP_ARG_REG1(a);                                                                            \
+    register uint64_t a2 __asm__(DDHEAP_REG2) = (b);                                               \
+    register uint64_t a3 __asm__(DDHEAP_REG3) = (c);                                               \
+    register uint64_t a4 __asm__(DDHEAP_REG4) = (d)
 
 static dd_probe_hook_fn probe_hook;
 static void *probe_hook_ctx;

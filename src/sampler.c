@@ -5,7 +5,7 @@
  * (ddheap__sample_created); later the free path recognised the mark
  * (ddheap__release).
  *
- * Sampling math (DESIGN §3). Each thread runs a Poisson process over the
+ * Sampling math (docs/design.md, "Sampling"). Each thread runs a Poisson process over the
  * bytes it allocates: the countdown to the next sample point is drawn from
  * Exp(R). The process is memoryless, so whatever came before, a block of
  * S bytes contains at least one point with probability p = 1 - e^(-S/R).

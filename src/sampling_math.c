@@ -1,6 +1,7 @@
 /*
  * The two transcendental functions the sampler needs, without libm: the
- * cold path must not call a lazily bound symbol (DESIGN §3), and libm's
+ * cold path must not call a lazily bound symbol (docs/design.md, "The
+ * cold path's manners"), and libm's
  * would be one. Both are accurate to a few ulp over the ranges used here,
  * far below the statistical noise of any profile.
  */

@@ -199,6 +199,21 @@ static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
     return raw;
 }
 
+#if DDHEAP_LIVE_HEAP && !DDHEAP_MARK_TBI
+/* Whether no block this copy must recognise can be live: `count` is the
+ * scheme's process-wide count of marked blocks. In a shared library this
+ * copy's own gate (coldpath.h) is read first: one compare instead of a GOT
+ * load and a compare. */
+static inline int ddheap__none_marked(const uint64_t *count)
+{
+#if defined(__PIC__) && !defined(__PIE__)
+    if (DDHEAP__LIKELY(!ddheap__nonzero8(&ddheap__free_gate)))
+        return 1;
+#endif
+    return !ddheap__nonzero64(count);
+}
+#endif
+
 /* Whether `ptr` may be a marked block, i.e. whether its free or realloc
  * must go through the cold path. Exact for pointer tags; for headers and
  * the shadow summary a match is verified there. With nothing marked in the process: one
@@ -211,11 +226,7 @@ static inline int ddheap__may_be_marked(void *ptr)
 #elif DDHEAP_MARK_TBI
     return ((uintptr_t)ptr >> 56) == DDHEAP__TAG;
 #elif DDHEAP_MARK_SHADOW
-#if defined(__PIC__) && !defined(__PIE__)
-    if (DDHEAP__LIKELY(!ddheap__nonzero8(&ddheap__free_gate)))
-        return 0;
-#endif
-    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v3.shadow_live)))
+    if (DDHEAP__LIKELY(ddheap__none_marked(&ddheap_shared_v3.shadow_live)))
         return 0;
     /* The summary: a zero counter for the address's bits 12..31 means no
      * bit is set for any address there (src/mark_shadow.h). The 32-bit
@@ -230,13 +241,7 @@ static inline int ddheap__may_be_marked(void *ptr)
 #endif
     return ddheap__nonzero8(&summary[(uint32_t)(uintptr_t)ptr >> 12]);
 #else
-#if defined(__PIC__) && !defined(__PIE__)
-    /* A shared library: this copy's own gate first (coldpath.h), one
-     * compare instead of a GOT load and a compare. */
-    if (DDHEAP__LIKELY(!ddheap__nonzero8(&ddheap__free_gate)))
-        return 0;
-#endif
-    if (DDHEAP__LIKELY(!ddheap__nonzero64(&ddheap_shared_v3.live_marked)))
+    if (DDHEAP__LIKELY(ddheap__none_marked(&ddheap_shared_v3.live_marked)))
         return 0;
     uintptr_t user = (uintptr_t)ptr;
     /* Page rule: a marked block never has a header-marked user pointer in

@@ -1,8 +1,30 @@
-# Native (x86-64) build in the default (debug) and release build types,
-# for the default marking scheme and for shadow marking: the whole meson
-# test suite, tracer tests included (they need root). Then
-# the non-default build options, against the tests that state their
-# behaviour (suite 'options').
+# Native (x86-64) builds, each running the tests whose result can differ
+# in it, so that no test runs twice where the second run could not fail
+# where the first passed (suites: tests/meson.build; times and the reasons
+# in docs/reliability.md, "How long the suite takes"):
+#
+#   header debug    everything but suites 'ratelimit', 'estimates' and
+#                   'packaging'
+#   header release  everything but suite 'once'
+#   shadow release  everything the marking scheme changes: all but suites
+#                   'once', 'ratelimit' (rates do not depend on the scheme),
+#                   'packaging' and 'preload' (the preload library always
+#                   marks with the shadow scheme: it is the same in the
+#                   header builds)
+#   shadow debug    suite 'frames', what the build type changes (probe
+#                   registers, the frames a tracer walks); the rest of
+#                   this scheme's debug build runs in stages 20 and 30,
+#                   under ASan, UBSan, TSan and valgrind
+#   nolive-otel     the non-default build options, against the tests that
+#                   state their behaviour (suite 'options')
+#
+# Suite 'once' (the installed bpftrace scripts, the harness against
+# bpftrace, the project's scripts) does not depend on the build at all;
+# suite 'ratelimit' measures rates in wall-clock time, in the build users
+# ship; suite 'estimates' checks what the shipped scripts report, which the
+# scheme changes and the build type does not; suite 'packaging' (the
+# installed consumers) runs here in the release build and in every build of
+# stage 20. The tracer and prof suites need root.
 set -euo pipefail
 setup() { # dir, options...
   local dir=$1; shift
@@ -12,21 +34,25 @@ setup() { # dir, options...
   # ninja reports compiler errors on stdout: keep only its failure output
   meson compile -C "$dir" >"$dir.compile.log" 2>&1 || { cat "$dir.compile.log"; return 1; }
 }
-for buildtype in debug release; do
-  dir=build-ci/native-$buildtype
-  # -Dprof=enabled: ddheap-prof and its suite must be built here, never
-  # left out quietly because a dependency went missing.
-  setup "$dir" -Dbuildtype=$buildtype -Dprof=enabled
-  meson test -C "$dir" --print-errorlogs --num-processes 2
-done
-# Shadow marking (-Dmarking=shadow), the whole suite again, tracer and the
-# in-process interposition included. ddheap-prof does not depend on how the
-# library marks blocks: its suite ran above.
-for buildtype in debug release; do
-  dir=build-ci/native-shadow-$buildtype
-  setup "$dir" -Dbuildtype=$buildtype -Dmarking=shadow -Dprof=disabled
-  meson test -C "$dir" --print-errorlogs --num-processes 2
-done
+run() { # dir, meson test selection...
+  local dir=$1; shift
+  meson test -C "$dir" --print-errorlogs --num-processes 2 "$@"
+}
+# -Dprof=enabled: ddheap-prof and its suite must be built here, never left
+# out quietly because a dependency went missing. The benchmarks are
+# compiled once, in the release build (no test runs them; bench/run does).
+setup build-ci/native-debug -Dbuildtype=debug -Dprof=enabled -Dbench=false
+run build-ci/native-debug --no-suite ratelimit --no-suite estimates --no-suite packaging
+setup build-ci/native-release -Dbuildtype=release -Dprof=enabled
+run build-ci/native-release --no-suite once
+# ddheap-prof does not depend on how the library marks blocks: its suite
+# ran above, and it is not built here.
+shadow=(-Dmarking=shadow -Dprof=disabled -Dbench=false -Dexamples=false)
+setup build-ci/native-shadow-release -Dbuildtype=release "${shadow[@]}"
+run build-ci/native-shadow-release --no-suite once --no-suite ratelimit --no-suite preload \
+  --no-suite packaging
+setup build-ci/native-shadow-debug -Dbuildtype=debug "${shadow[@]}"
+run build-ci/native-shadow-debug --suite frames
 dir=build-ci/native-nolive-otel
 setup "$dir" -Dlive_heap=false -Dproviders=otel_memory -Dbench=false -Dexamples=false
-meson test -C "$dir" --print-errorlogs --suite options
+run "$dir" --suite options

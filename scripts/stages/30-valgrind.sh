@@ -32,16 +32,21 @@ fi
 grep -q "Invalid read" "$canary_dir/log"
 
 # ddheap-prof's suite runs in the native stage, not here: not built.
-meson setup --wipe "$dir" -Dbuildtype=debug -Dprof=disabled >/dev/null 2>&1 ||
-  meson setup "$dir" -Dbuildtype=debug -Dprof=disabled
+# Nor are the benchmarks and examples, which no test here runs.
+opts=(-Dbuildtype=debug -Dbench=false -Dexamples=false -Dprof=disabled)
+meson setup --wipe "$dir" "${opts[@]}" >/dev/null 2>&1 || meson setup "$dir" "${opts[@]}"
 meson compile -C "$dir"
-meson test -C "$dir" --setup valgrind --suite unit --print-errorlogs --num-processes 2
+# Suite 'packaging' (tests/consumer) builds and runs programs of its own,
+# outside memcheck: it runs in the native and sanitizer stages.
+meson test -C "$dir" --setup valgrind --suite unit --no-suite packaging --print-errorlogs \
+  --num-processes 2
 
 # The shadow scheme reads nothing outside the blocks it is given: its build
 # runs the same suite with no suppression file at all.
 dir=$root/valgrind-shadow
-opts=(-Dbuildtype=debug -Dmarking=shadow -Dbench=false -Dexamples=false -Dprof=disabled)
+opts+=(-Dmarking=shadow)
 meson setup --wipe "$dir" "${opts[@]}" >/dev/null 2>&1 || meson setup "$dir" "${opts[@]}"
 meson compile -C "$dir"
 DDHEAP_VALGRIND_NO_SUPPRESSIONS=1 \
-  meson test -C "$dir" --setup valgrind --suite unit --print-errorlogs --num-processes 2
+  meson test -C "$dir" --setup valgrind --suite unit --no-suite packaging --print-errorlogs \
+  --num-processes 2

@@ -6,7 +6,8 @@
 # release build type: the probe notes and the inlined fast path must hold
 # at -O2 as well as at -O0. Like the native stage, one more build turns the
 # options off (no live heap, one provider) and runs suite 'options'.
-# Benchmarks are not built: timings under emulation mean nothing. Every
+# Benchmarks are not built (timings under emulation mean nothing), nor
+# the examples (no test runs them; the native stage compiles them). Every
 # variant runs even if one fails, so one CI run shows all of them; the
 # stage fails if any did. See docs/arm64.md.
 #
@@ -26,11 +27,12 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 seconds() { printf '%d.%d s' $(($1 / 1000)) $(($1 % 1000 / 100)); }
 
 # name | meson options | meson test selection
+# (suite 'once' does not depend on the build: it runs in the native stage)
 variants=(
-  "tbi-debug|-Dbuildtype=debug -Dmarking=tbi|--no-suite tracer"
-  "tbi-release|-Dbuildtype=release -Dmarking=tbi|--no-suite tracer"
-  "header-debug|-Dbuildtype=debug -Dmarking=header|--no-suite tracer"
-  "shadow-debug|-Dbuildtype=debug -Dmarking=shadow|--no-suite tracer"
+  "tbi-debug|-Dbuildtype=debug -Dmarking=tbi|--no-suite tracer --no-suite once"
+  "tbi-release|-Dbuildtype=release -Dmarking=tbi|--no-suite tracer --no-suite once"
+  "header-debug|-Dbuildtype=debug -Dmarking=header|--no-suite tracer --no-suite once"
+  "shadow-debug|-Dbuildtype=debug -Dmarking=shadow|--no-suite tracer --no-suite once"
   "tbi-options|-Dbuildtype=debug -Dmarking=tbi -Dlive_heap=false -Dproviders=otel_memory|--suite options"
 )
 
@@ -38,7 +40,7 @@ for spec in "${variants[@]}"; do
   IFS='|' read -r variant options selection <<<"$spec"
   dir=$root/aarch64-$variant
   # shellcheck disable=SC2206 # the option strings are split on purpose
-  args=(--cross-file "$cross" $options -Dbench=false)
+  args=(--cross-file "$cross" $options -Dbench=false -Dexamples=false)
   start=$(now_ms)
   result=passed
   # --wipe keeps a reused directory from carrying stale options.

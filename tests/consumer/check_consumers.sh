@@ -108,26 +108,14 @@ fi
 # the same stack from two threads, frames leaf first, ddheap's own frames
 # on top. Its header comment promises one line per stack, root first,
 # offsets and ddheap frames dropped, the threads' values summed.
-cat >"$work/saved.txt" <<'SAVED'
-@live_bytes[
-    ddheap_fire_alloc+3
+for value in 100 200; do
+  printf '@live_bytes[\n%s\n]: %s\n' '    ddheap_fire_alloc+3
     dd_allocation_created+20
     site_a+12
     main+40
-    __libc_start_call_main+122
-]: 100
-@live_bytes[
-    ddheap_fire_alloc+3
-    dd_allocation_created+20
-    site_a+12
-    main+40
-    __libc_start_call_main+122
-]: 200
-@live_bytes[
-    site_b+8
-    main+52
-]: 7
-SAVED
+    __libc_start_call_main+122' "$value"
+done >"$work/saved.txt"
+printf '@live_bytes[\n    site_b+8\n    main+52\n]: 7\n' >>"$work/saved.txt"
 rc=0
 folded=$("$bin/ddheap-fold" <"$work/saved.txt") || rc=$?
 [ $rc = 0 ] && [ "$folded" = "$(printf '%s\n' '__libc_start_call_main;main;site_a 300' 'main;site_b 7')" ] || rc=1

@@ -32,16 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_forge: %s:%d: %s\n", __FILE__, __LINE__, #cond);                 \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
-
 #define PAGE 4096u
 #define SAMPLED_PAGES 8u /* real sampled blocks live in the first pages (one each) */
 #define FORGE_PAGES 8u   /* forgeries go anywhere: beside them (slab neighbours) or further */

@@ -28,16 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_ops: %s:%d: %s\n", __FILE__, __LINE__, #cond);                   \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
-
 #define SLOTS 32
 #define MAX_REAL (64u << 10)     /* the real allocator refuses more (as if out of memory) */
 #define MAX_REAL_ALIGN (64u << 10) /* and larger alignments (2 MiB ones: tests/stress) */

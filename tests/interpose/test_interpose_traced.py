@@ -17,7 +17,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 import harness
-from harness import Checker, Failure, Tracer, Workload
+from harness import Workload
 
 SCRIPT = """
 BEGIN { printf("READY\\n"); }
@@ -44,20 +44,15 @@ def run(c, program, agent):
     with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"got-{os.getpid()}.bt"), "w") as f:
         f.write(SCRIPT)
         script = f.name
-    w = Workload(program, ["--traced"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
-    t = None
     try:
-        w.wait_line("got: pid")
-        t = Tracer(script, [agent], w.pid)
-        t.wait_ready("READY")
-        w.send("go")
-        done = w.wait_line("got: done")
-        out = t.stop()
-        w.send("exit")
-        c.equal(w.finish(), 0, "exit status")
+        with Workload(program, ["--traced"], {"DD_HEAP_SAMPLING_INTERVAL": "1"}) as w:
+            w.wait_line("got: pid")
+            t = w.attach(script, [agent], "READY")
+            w.send("go")
+            done = w.wait_line("got: done")
+            out = t.stop()
+            c.equal(w.exit(), 0, "exit status")
     finally:
-        w.kill()
-        harness.stop_quietly(t)
         os.unlink(script)
     plugin = int(done.split("plugin_allocs=")[1].split()[0])
     r = harness.results(out)
@@ -76,20 +71,7 @@ def main():
     if len(sys.argv) != 3:
         print(__doc__)
         return 2
-    try:
-        skip = harness.require_root_and_bpftrace()
-    except Failure as e:
-        print(f"FAIL - interpose-traced: {e}\n0 passed, 1 failed")
-        return 1
-    if skip is not None:
-        return skip
-    c = Checker("interpose-traced")
-    try:
-        run(c, *sys.argv[1:])
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    return harness.run_checks("interpose-traced", lambda c: run(c, *sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 import harness
-from harness import Checker, Failure, Tracer, Workload
+from harness import Failure, Tracer, Workload
 
 PY_COUNT, PY_SIZE = 20000, 4000
 # bpftrace preallocates every map at this size (memory and start-up time
@@ -218,20 +218,13 @@ def test_cxx(c, b):
     os.environ.update(BIG_MAPS)
     for interval in (None, 1):
         extra = {} if interval is None else {"DD_HEAP_SAMPLING_INTERVAL": str(interval)}
-        w = Workload(b.cxx, [b.plugin, "--wait"], env_with(b, True, extra))
-        t = None
-        try:
+        with Workload(b.cxx, [b.plugin, "--wait"], env_with(b, True, extra)) as w:
             w.wait_line("cxx: pid")
-            t = Tracer(*b.balance(), w.pid)
-            t.wait_ready("READY")
+            t = w.attach(*b.balance(), "READY")
             w.send("go")
             w.wait_line("cxx: done")
             out = t.stop(timeout=STOP_TIMEOUT)
-            w.send("exit")
-            c.equal(w.finish(), 0, f"interval {interval or 'default'}: exit status")
-        finally:
-            w.kill()
-            harness.stop_quietly(t)
+            c.equal(w.exit(), 0, f"interval {interval or 'default'}: exit status")
         c.equal(result_lines("\n".join(w.lines)), plain,
                 f"interval {interval or 'default'}, traced: same output")
         r = check_balance(c, out, f"interval {interval or 'default'}")
@@ -274,21 +267,9 @@ def main():
         return 2
     name = sys.argv[1]
     b = Build(sys.argv[2:])
-    if name in NEEDS_TRACER:
-        try:
-            skip = harness.require_root_and_bpftrace()
-        except Failure as e:
-            print(f"FAIL - {name}: {e}\n0 passed, 1 failed")
-            return 1
-        if skip is not None:
-            return skip
-    c = Checker(name)
-    try:
-        TESTS[name](c, b)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    return harness.run_checks(name, lambda c: TESTS[name](c, b),
+                              require=harness.require_root_and_bpftrace if name in NEEDS_TRACER
+                              else None)
 
 
 if __name__ == "__main__":

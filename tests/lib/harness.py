@@ -61,9 +61,32 @@ class Workload:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=full_env)
         self.lines = []
+        self.tracers = []  # attached through attach(): stopped when the `with` ends
         self._queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         self.pid = self.proc.pid
+
+    # `with Workload(...) as w:` kills the workload and stops every tracer
+    # attached through w.attach() however the block ends, so a failed check
+    # never leaves a process or a bpftrace behind (stop_quietly: the
+    # failure being handled is the one to report).
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()
+        stop_quietly(*self.tracers)
+        return False
+
+    def attach(self, script, positional, ready=None):
+        """bpftrace `script` attached to this workload, returned once BEGIN
+        has printed `ready`, i.e. once every probe is attached (ready None:
+        at once; the caller waits, and several tracers compile at once)."""
+        t = Tracer(script, positional, self.pid)
+        self.tracers.append(t)
+        if ready is not None:
+            t.wait_ready(ready)
+        return t
 
     def _pump(self):
         for line in self.proc.stdout:
@@ -106,6 +129,11 @@ class Workload:
         self.stderr = self.proc.stderr.read()
         return rc
 
+    def exit(self, timeout=TIMEOUT):
+        """Tells a workload that waits for it to exit; returns its exit code."""
+        self.send("exit")
+        return self.finish(timeout)
+
     def kill(self):
         if self.proc.poll() is None:
             self.proc.kill()
@@ -130,14 +158,11 @@ class Tracer:
 
     def wait_ready(self, marker, timeout=TIMEOUT):
         """Waits until BEGIN has printed `marker`: every probe is attached."""
-        deadline = time.monotonic() + timeout
-        while marker not in self.text():
-            if self.proc.poll() is not None:
-                raise Failure(f"bpftrace exited before attaching:\n{self.text()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise Failure(f"bpftrace not ready within {timeout} s:\n{self.text()}")
-            time.sleep(0.05)
+        try:
+            wait_for_output(self.proc, self.text, marker, "bpftrace", timeout)
+        except Failure:
+            stop_quietly(self)
+            raise
 
     def stop(self, timeout=TIMEOUT):
         """Ctrl-C: bpftrace runs END, prints its maps, detaches, exits.
@@ -174,6 +199,18 @@ class Tracer:
             # in many runs): the stacks are lost, which no check may hide.
             raise StacksLost("bpftrace failed to read back its stacks:\n" + text[:2000])
         return text
+
+
+def wait_for_output(proc, text, marker, who, timeout=TIMEOUT):
+    """Waits until text() (what `proc` printed so far) contains `marker`;
+    fails if proc exits first or after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while marker not in text():
+        if proc.poll() is not None:
+            raise Failure(f"{who} exited before printing {marker!r}:\n{text()}")
+        if time.monotonic() > deadline:
+            raise Failure(f"{who} did not print {marker!r} within {timeout} s:\n{text()}")
+        time.sleep(0.05)
 
 
 # bpftrace 0.17 loses a SIGINT (or SIGTERM) that is handled while it is not
@@ -377,6 +414,42 @@ class Checker:
     def equal(self, got, want, what):
         return self.check(got == want, f"{what}: got {got}, want {want}")
 
+    def summary(self):
+        """Prints the closing "N passed, N failed" line; returns the exit
+        code: a run with no passed check fails too."""
+        print(f"{self.passed} passed, {self.failed} failed")
+        return 1 if self.failed or not self.passed else 0
+
+
+def run_checks(name, body, require=require_root_and_bpftrace, attempts=1):
+    """The end of a test script's main(): `require()` says whether the test
+    can run here (None; or an exit code, 77 to skip; or raises Failure),
+    then body(checker) runs. A Failure it raises is one failed check. A run
+    in which bpftrace lost its own stack map (StacksLost) says nothing about
+    ddheap: it is run again, at most `attempts` times in all, and said so.
+    Returns the exit code."""
+    if require is not None:
+        try:
+            skip = require()
+        except Failure as e:
+            print(f"FAIL - {name}: {e}\n0 passed, 1 failed")
+            return 1
+        if skip is not None:
+            return skip
+    for attempt in range(1, attempts + 1):
+        c = Checker(name)
+        try:
+            body(c)
+        except StacksLost as e:
+            print(f"NOTE - {name}: attempt {attempt} of {attempts}: {str(e).splitlines()[0]}")
+            if attempt < attempts:
+                continue
+            c.check(False, str(e))
+        except Failure as e:
+            c.check(False, str(e))
+        break
+    return c.summary()
+
 
 # The call sites of examples/workload.c, in its own order.
 SITES = ["site_request_buffers", "site_grow_log", "site_cache_pages", "site_aligned_tiles",
@@ -393,16 +466,3 @@ def sigma(truth_sizes, site, field, interval):
             p = -math.expm1(-size / interval)
             var += v[field] * size * size * (1 - p) / p
     return math.sqrt(var)
-
-
-def run_checks(name, test, *args):
-    """Runs test(checker, *args); a Failure it raises is one failed check.
-    Prints the totals and returns the exit status (1 if anything failed or
-    nothing was checked)."""
-    c = Checker(name)
-    try:
-        test(c, *args)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0

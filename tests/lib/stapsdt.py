@@ -3,7 +3,7 @@ program) as `readelf -n` describes them, and the one check every consumer
 of ddheap's probe contract relies on (docs/probes.md).
 
 Used by tests/unit/check_archive.py (the archive), tests/tbi/
-check_probe_notes.py (a linked aarch64 program), tests/tracer/harness.py
+check_probe_notes.py (a linked aarch64 program), tests/lib/harness.py
 (semaphore addresses) and bench/run (where each probe site sits).
 """
 import collections

@@ -1,7 +1,8 @@
 /*
  * The executable of ddheap-prof's dlopen test (test_prof.py, 'dlopen'):
  * it allocates through its own copy of ddheap, then, when told on stdin,
- * dlopens the plugin (tests/prof/plugin.c) and, when told again, has the
+ * dlopens the plugin (tests/lib/ddheap_plugin.c, built with
+ * -DDDHEAP_PLUGIN_EXAMPLE_LIBC) and, when told again, has the
  * plugin allocate. Prints its ground truth in the workload's format.
  *
  *   prof-dlopen PLUGIN_PATH COUNT
@@ -51,7 +52,7 @@ int main(int argc, char **argv)
     }
     /* dlsym returns an object pointer; POSIX's way to a function one. */
     void *(*work)(unsigned);
-    void *sym = dlsym(lib, "prof_plugin_work");
+    void *sym = dlsym(lib, "ddheap_plugin_work");
     memcpy(&work, &sym, sizeof work);
     if (sym == NULL)
         return 2;

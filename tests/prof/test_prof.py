@@ -22,7 +22,7 @@ import tempfile
 import time
 
 import harness
-from harness import SITES, Checker, Failure, Workload, sigma
+from harness import SITES, Failure, Workload, sigma
 from pprof_read import pprof, read_raw
 
 TIMEOUT = 120
@@ -55,14 +55,7 @@ class Prof:
             return f.read()
 
     def wait_for(self, marker, timeout=TIMEOUT):
-        deadline = time.monotonic() + timeout
-        while marker not in self.text():
-            if self.proc.poll() is not None:
-                raise Failure(f"ddheap-prof exited before printing {marker!r}:\n{self.text()}")
-            if time.monotonic() > deadline:
-                raise Failure(f"ddheap-prof did not print {marker!r} in {timeout} s:\n"
-                              f"{self.text()}")
-            time.sleep(0.05)
+        harness.wait_for_output(self.proc, self.text, marker, "ddheap-prof", timeout)
 
     def finish(self, sig=None, timeout=TIMEOUT):
         if sig is not None and self.proc.poll() is None:
@@ -604,18 +597,16 @@ def main():
         return 2
     name, prof, workload, artifacts = sys.argv[1:5]
     extra = sys.argv[5:]
-    if os.geteuid() != 0:
-        print("SKIP: ddheap-prof loads BPF programs and needs root "
-              "(CI runs this suite as root; run `sudo meson test --suite prof`)")
-        return 77
-    os.makedirs(artifacts, exist_ok=True)
-    c = Checker(name)
-    try:
-        TESTS[name](c, prof, workload, artifacts, extra)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+
+    def require_root():
+        if os.geteuid() != 0:
+            print("SKIP: ddheap-prof loads BPF programs and needs root "
+                  "(CI runs this suite as root; run `sudo meson test --suite prof`)")
+            return 77
+        os.makedirs(artifacts, exist_ok=True)
+        return None
+    return harness.run_checks(name, lambda c: TESTS[name](c, prof, workload, artifacts, extra),
+                              require=require_root)
 
 
 if __name__ == "__main__":

@@ -407,8 +407,8 @@ def main():
               "(CI runs this suite as root; run `sudo meson test --suite prof`)")
         return 77
     os.makedirs(artifacts, exist_ok=True)
-    return run_checks(name, TESTS[name], prof, os.path.abspath(preload), os.path.abspath(run),
-                      artifacts)
+    preload, run = os.path.abspath(preload), os.path.abspath(run)
+    return run_checks(name, lambda c: TESTS[name](c, prof, preload, run, artifacts), require=None)
 
 
 if __name__ == "__main__":

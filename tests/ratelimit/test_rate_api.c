@@ -21,6 +21,9 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "child.h"
+#include "test_main.h"
+
 #define BLOCK 16384u
 
 static unsigned char block_buffer[BLOCK + 4096] __attribute__((aligned(64)));
@@ -58,42 +61,29 @@ static void test_parse_rate(void **state)
     }
 }
 
+/* The child of limit_from_environment: writes its limit on stdout. */
+static int report_limit(void *value)
+{
+    if (value)
+        setenv("DD_HEAP_SAMPLES_PER_SECOND", value, 1);
+    else
+        unsetenv("DD_HEAP_SAMPLES_PER_SECOND");
+    ddheap_test_reload_config();
+    uint64_t limit = dd_get_max_samples_per_second();
+    return write(1, &limit, sizeof limit) == sizeof limit ? 0 : 1;
+}
+
 /* In a child: the variable set to `value` (NULL: unset), the environment
  * read again; returns the limit the process ends up with and the lines
  * written on stderr meanwhile. */
 static uint64_t limit_from_environment(const char *value, int *complaints, int *other_lines)
 {
-    int out[2], err[2];
-    assert_int_equal(pipe(out), 0);
-    assert_int_equal(pipe(err), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(err[1], 2);
-        if (value)
-            setenv("DD_HEAP_SAMPLES_PER_SECOND", value, 1);
-        else
-            unsetenv("DD_HEAP_SAMPLES_PER_SECOND");
-        ddheap_test_reload_config();
-        uint64_t limit = dd_get_max_samples_per_second();
-        ssize_t w = write(out[1], &limit, sizeof limit);
-        _exit(w == sizeof limit ? 0 : 1);
-    }
-    close(out[1]);
-    close(err[1]);
-    uint64_t limit = 0;
-    assert_int_equal(read(out[0], &limit, sizeof limit), sizeof limit);
-    char text[2048];
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof text - 1 && (r = read(err[0], text + n, sizeof text - 1 - n)) > 0)
-        n += (size_t)r;
-    text[n] = '\0';
-    close(out[0]);
-    close(err[0]);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    static struct child_output child;
+    run_child(report_limit, (void *)value, &child);
+    assert_true(WIFEXITED(child.status) && WEXITSTATUS(child.status) == 0);
+    uint64_t limit;
+    memcpy(&limit, child.out, sizeof limit);
+    char *text = child.err;
     *complaints = *other_lines = 0;
     for (char *line = text; *line;) {
         char *end = strchr(line, '\n');
@@ -338,16 +328,11 @@ static void test_api_from_threads(void **state)
     assert_int_equal(dd_get_effective_sampling_interval(), 8192);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_rate),
-        cmocka_unit_test(test_environment_values),
-        cmocka_unit_test(test_api_over_environment),
-        cmocka_unit_test(test_exact_mode_is_never_limited),
-        cmocka_unit_test(test_burst_raises_the_interval),
-        cmocka_unit_test(test_short_program_keeps_the_interval),
-        cmocka_unit_test(test_api_from_threads),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_parse_rate),
+    cmocka_unit_test(test_environment_values),
+    cmocka_unit_test(test_api_over_environment),
+    cmocka_unit_test(test_exact_mode_is_never_limited),
+    cmocka_unit_test(test_burst_raises_the_interval),
+    cmocka_unit_test(test_short_program_keeps_the_interval),
+    cmocka_unit_test(test_api_from_threads))

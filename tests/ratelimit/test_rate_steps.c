@@ -15,7 +15,8 @@
  *    limit's share (0.2 L): 1.2 L. (Before the burst, issue 23, the bound
  *    was 0.2 L: every rise was cut short after a window's quota.);
  *  - the summed weights within 5 sd of the true bytes, in every step and
- *    over the run, sd from DESIGN §3 with each block's own R;
+ *    over the run, sd as docs/design.md ("Sampling") derives it, with each
+ *    block's own R;
  *  - when the rate has dropped below the limit: the effective interval is
  *    back at the configured one 1 s into the step, and no sample taken
  *    after that first second was drawn with another interval.
@@ -38,6 +39,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <cmocka.h>
+
+#include "test_main.h"
 
 #define LIMIT 8000u
 #define INTERVAL (64u * 1024u)
@@ -237,30 +240,17 @@ static void test_weights_under_fast_changes(void **state)
         fail_msg("%d check(s) failed", failures);
 }
 
-static void test_one_thread(void **state)
+static void test_threads(void **state)
 {
-    (void)state;
-    run_steps(1);
-}
-
-static void test_two_threads(void **state)
-{
-    (void)state;
-    run_steps(2);
-}
-
-static void test_four_threads(void **state)
-{
-    (void)state;
-    run_steps(4);
+    run_steps((int)DDHEAP_CASE_VALUE(state));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_one_thread),
-        cmocka_unit_test(test_two_threads),
-        cmocka_unit_test(test_four_threads),
+        DDHEAP_CASE_WITH(test_threads, "one thread", 1),
+        DDHEAP_CASE_WITH(test_threads, "two threads", 2),
+        DDHEAP_CASE_WITH(test_threads, "four threads", 4),
         cmocka_unit_test(test_weights_under_fast_changes),
     };
     const char *only = getenv("DDHEAP_TEST_ONLY"); /* e.g. "*fast*": one test while iterating */

@@ -20,7 +20,7 @@ test_rate_steps.c, from what the tracer received:
     the configured interval's weight, and the effective interval back.
 
 Needs root; exits 77 (skipped) only when not root, fails when root but
-bpftrace is missing (tests/tracer/harness.py).
+bpftrace is missing (tests/lib/harness.py).
 """
 import math
 import os
@@ -29,7 +29,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 import harness
-from harness import Checker, Failure, Tracer, Workload
+from harness import Failure, Workload
 
 LIMIT = 8000
 INTERVAL = 65536
@@ -64,23 +64,16 @@ def in_range(bucket_map, first, last):
 
 
 def run(c, threads, workload):
-    w = Workload(workload, [str(threads), str(LIMIT), str(INTERVAL), str(BLOCK)])
-    t = None
-    try:
+    with Workload(workload, [str(threads), str(LIMIT), str(INTERVAL), str(BLOCK)]) as w:
         weight_at_r = int(w.wait_line("rate-workload: weight_at_interval=").split("=")[1])
         w.wait_line("rate-workload: pid=")
         os.environ["BPFTRACE_MAP_KEYS_MAX"] = "65536"  # one key per millisecond of the run
-        t = Tracer(os.path.join(HERE, "rate.bt"), [workload, str(weight_at_r)], w.pid)
-        t.wait_ready("READY")  # BEGIN ran: every probe is attached
+        t = w.attach(os.path.join(HERE, "rate.bt"), [workload, str(weight_at_r)], "READY")
         w.wait_line("rate-workload: attached")
         w.send("go")
         w.wait_line("rate-workload: done", timeout=120)
         out = t.stop()
-        w.send("exit")
-        c.equal(w.finish(), 0, "workload exit code")
-    finally:
-        w.kill()
-        harness.stop_quietly(t)
+        c.equal(w.exit(), 0, "workload exit code")
 
     steps = parse_steps(w.lines)
     b = parse_buckets(out)
@@ -150,21 +143,7 @@ def main():
         print(__doc__)
         return 2
     threads, workload = int(sys.argv[1]), sys.argv[2]
-    name = f"rate-{threads}"
-    try:
-        skip = harness.require_root_and_bpftrace()
-    except Failure as e:
-        print(f"FAIL - {name}: {e}\n0 passed, 1 failed")
-        return 1
-    if skip is not None:
-        return skip
-    c = Checker(name)
-    try:
-        run(c, threads, workload)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    return harness.run_checks(f"rate-{threads}", lambda c: run(c, threads, workload))
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@
  * Each case runs with the tracer simulated and the interval at 1 byte
  * (every non-empty block sampled), the mode in which the most can go wrong.
  * The result every case must show is the same: no crash, the real
- * allocator gets back exactly what it handed out (robust_alloc.h checks
- * pointer and size), the probe stream stays balanced, no mark leaks
+ * allocator gets back exactly what it handed out
+ * (tests/lib/recording_alloc.h checks pointer and size), the probe stream stays balanced, no mark leaks
  * (ddheap_test_live_marked), and no request smaller than asked.
  * docs/reliability.md lists the documented result of each input.
  */
-#include "robust_alloc.h"
+#include "recording_alloc.h"
+#include "test_main.h"
 #include "mark.h" /* DDHEAP_MARK_KEEPS_REPORT */
 
 #include <stdarg.h>
@@ -188,7 +189,7 @@ static void expect_events(size_t from, const dd_probe_event_t *want, size_t n)
     pthread_mutex_unlock(&rec.lock);
     assert_int_equal(have, from + n);
     for (size_t i = 0; i < n; i++) {
-        const dd_probe_event_t *e = &rec.events[from + i];
+        const dd_probe_event_t *e = &rec.ev[from + i];
         assert_int_equal(e->kind, want[i].kind);
         assert_int_equal(e->ptr, want[i].ptr);
         assert_int_equal(e->new_ptr, want[i].new_ptr);
@@ -271,7 +272,7 @@ static void test_realloc_null_zero(void **state)
 {
     (void)state;
     void *p = w_realloc(NULL, 0);
-    assert_non_null(p); /* robust_alloc's realloc(NULL, 0) is malloc(0) */
+    assert_non_null(p); /* the recording allocator's realloc(NULL, 0) is malloc(0) */
     assert_int_equal(rec_count(DD_PROBE_ALLOC), 0);
     w_free(p);
 
@@ -332,19 +333,14 @@ static void test_errno_preserved(void **state)
 #undef KEEPS_ERRNO
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_size_zero, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_size_overflow, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_zero, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_not_power_of_two, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_alignment_huge, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_real_alloc_fails, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_real_realloc_fails, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_free_null, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_realloc_null_zero, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_errno_preserved, robust_setup, robust_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    ROBUST_CASE(test_size_zero),
+    ROBUST_CASE(test_size_overflow),
+    ROBUST_CASE(test_alignment_zero),
+    ROBUST_CASE(test_alignment_not_power_of_two),
+    ROBUST_CASE(test_alignment_huge),
+    ROBUST_CASE(test_real_alloc_fails),
+    ROBUST_CASE(test_real_realloc_fails),
+    ROBUST_CASE(test_free_null),
+    ROBUST_CASE(test_realloc_null_zero),
+    ROBUST_CASE(test_errno_preserved))

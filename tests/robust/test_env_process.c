@@ -28,6 +28,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "child.h"
+
 #define BLOCKS 64
 #define BLOCK_SIZE (64u * 1024u)
 #define ANY_COUNT -1
@@ -118,66 +120,42 @@ static const struct env_case cases[] = {
     {"0", "1", 0, 1, 0, 0},
 };
 
-static size_t read_all(int fd, char *buf, size_t cap)
+/* The child of run_case: this program again, with the case's environment. */
+static int exec_self(void *arg)
 {
-    size_t n = 0;
-    for (;;) {
-        ssize_t r = read(fd, buf + n, cap - 1 - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0 || (n += (size_t)r) == cap - 1)
-            break;
+    const struct env_case *c = arg;
+    unsetenv("DD_HEAP_SAMPLING_ENABLED");
+    unsetenv("DD_HEAP_SAMPLING_INTERVAL");
+    if (c->enabled)
+        setenv("DD_HEAP_SAMPLING_ENABLED", c->enabled, 1);
+    if (c->interval)
+        setenv("DD_HEAP_SAMPLING_INTERVAL", c->interval, 1);
+    char *argv[] = {self_path, (char *)"--child", NULL};
+    execv(self_path, argv);
+    /* A cross build under emulation: the kernel cannot run this binary
+     * itself, so go through the emulator meson runs the tests with. */
+    const char *wrapper = getenv("MESON_EXE_WRAPPER");
+    if (errno == ENOEXEC && wrapper && *wrapper) {
+        static char words[1024];
+        char *wargv[16];
+        int n = 0;
+        snprintf(words, sizeof words, "%s", wrapper);
+        for (char *w = strtok(words, " "); w && n < 13; w = strtok(NULL, " "))
+            wargv[n++] = w;
+        wargv[n++] = self_path;
+        wargv[n++] = (char *)"--child";
+        wargv[n] = NULL;
+        execvp(wargv[0], wargv);
     }
-    buf[n] = '\0';
-    return n;
+    return 127;
 }
 
 static void run_case(const struct env_case *c)
 {
-    int out[2], err[2];
-    assert_int_equal(pipe(out), 0);
-    assert_int_equal(pipe(err), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        close(out[0]);
-        close(err[0]);
-        unsetenv("DD_HEAP_SAMPLING_ENABLED");
-        unsetenv("DD_HEAP_SAMPLING_INTERVAL");
-        if (c->enabled)
-            setenv("DD_HEAP_SAMPLING_ENABLED", c->enabled, 1);
-        if (c->interval)
-            setenv("DD_HEAP_SAMPLING_INTERVAL", c->interval, 1);
-        char *argv[] = {self_path, (char *)"--child", NULL};
-        execv(self_path, argv);
-        /* A cross build under emulation: the kernel cannot run this binary
-         * itself, so go through the emulator meson runs the tests with. */
-        const char *wrapper = getenv("MESON_EXE_WRAPPER");
-        if (errno == ENOEXEC && wrapper && *wrapper) {
-            static char words[1024];
-            char *wargv[16];
-            int n = 0;
-            snprintf(words, sizeof words, "%s", wrapper);
-            for (char *w = strtok(words, " "); w && n < 13; w = strtok(NULL, " "))
-                wargv[n++] = w;
-            wargv[n++] = self_path;
-            wargv[n++] = (char *)"--child";
-            wargv[n] = NULL;
-            execvp(wargv[0], wargv);
-        }
-        _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    char stdout_text[512], stderr_text[2048];
-    read_all(out[0], stdout_text, sizeof stdout_text);
-    read_all(err[0], stderr_text, sizeof stderr_text);
-    close(out[0]);
-    close(err[0]);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
+    static struct child_output child;
+    run_child(exec_self, (void *)c, &child);
+    int status = child.status;
+    char *stdout_text = child.out, *stderr_text = child.err;
 
     const char *label_e = c->enabled ? c->enabled : "(unset)";
     const char *label_i = c->interval ? c->interval : "(unset)";

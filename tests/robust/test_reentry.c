@@ -1,6 +1,7 @@
 /*
  * A signal handler that allocates while its thread is in the middle of
- * ddheap's cold path. DESIGN §3: the cold path keeps a per-thread reentry
+ * ddheap's cold path. docs/design.md, "The cold path's manners": the
+ * cold path keeps a per-thread reentry
  * guard, so an allocation that interrupts the sampling decision passes
  * through unsampled and leaves the interrupted one intact; errno is saved
  * and restored around every cold path.
@@ -26,6 +27,8 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <cmocka.h>
+
+#include "test_main.h"
 
 #define CHUNK 512u
 #define CHUNKS 256u
@@ -360,12 +363,7 @@ static void test_signal_storm(void **state)
     assert_int_equal(order_errors, 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_guard_passes_through, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_signal_inside_probe, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_signal_storm, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test_setup_teardown(test_guard_passes_through, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_signal_inside_probe, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_signal_storm, setup, teardown))

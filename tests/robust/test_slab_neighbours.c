@@ -29,6 +29,9 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "child.h"
+#include "test_main.h"
+
 #if defined(__SANITIZE_ADDRESS__)
 #define SLAB_ASAN 1
 #elif defined(__has_feature)
@@ -264,6 +267,17 @@ __attribute__((noinline)) static uint64_t plain_read_before(const unsigned char 
     return v[0] ^ v[1];
 }
 
+/* The control's child: reads the 16 bytes before an object whose
+ * neighbour was freed (and so poisoned) from an ordinary function. */
+static int read_before_poisoned(void *unused)
+{
+    (void)unused;
+    slab_init();
+    unsigned char *a = slab_alloc(40), *b = slab_alloc(40);
+    slab_free(a, 40); /* poisons b's 16 bytes before */
+    return plain_read_before(b) == 42 ? 3 : 0;
+}
+
 static void test_control_poison_is_live(void **state)
 {
     (void)state;
@@ -271,37 +285,15 @@ static void test_control_poison_is_live(void **state)
         print_message("not an ASan build: the control has nothing to prove\n");
         return;
     }
-    int err[2];
-    assert_int_equal(pipe(err), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        dup2(err[1], 2);
-        slab_init();
-        unsigned char *a = slab_alloc(40), *b = slab_alloc(40);
-        slab_free(a, 40); /* poisons b's 16 bytes before */
-        _exit(plain_read_before(b) == 42 ? 3 : 0);
-    }
-    close(err[1]);
-    char text[8192];
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof text - 1 && (r = read(err[0], text + n, sizeof text - 1 - n)) > 0)
-        n += (size_t)r;
-    text[n] = '\0';
-    close(err[0]);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
+    static struct child_output child;
+    run_child(read_before_poisoned, NULL, &child);
+    int status = child.status;
+    const char *text = child.err;
     assert_false(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     if (strstr(text, "use-after-poison") == NULL)
         fail_msg("the control read was not reported as use-after-poison; child said: %s", text);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_packed_neighbours),
-        cmocka_unit_test(test_control_poison_is_live),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_packed_neighbours),
+    cmocka_unit_test(test_control_poison_is_live))

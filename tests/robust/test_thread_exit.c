@@ -9,7 +9,8 @@
  * on a thread whose first ddheap call happens during its exit, and for
  * blocks sampled on another (already finished) thread.
  */
-#include "robust_alloc.h"
+#include "recording_alloc.h"
+#include "test_main.h"
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -202,13 +203,8 @@ static void test_free_foreign_blocks_at_exit(void **state)
     assert_int_equal(rec_count(DD_PROBE_FREE), BLOCKS + 1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_key_destructor_frees, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_first_call_in_destructor, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_thread_local_destructor, robust_setup, robust_teardown),
-        cmocka_unit_test_setup_teardown(test_free_foreign_blocks_at_exit, robust_setup, robust_teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    ROBUST_CASE(test_key_destructor_frees),
+    ROBUST_CASE(test_first_call_in_destructor),
+    ROBUST_CASE(test_thread_local_destructor),
+    ROBUST_CASE(test_free_foreign_blocks_at_exit))

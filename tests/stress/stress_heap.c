@@ -711,7 +711,7 @@ static unsigned long bpftrace_attaches, bpftrace_events, bpftrace_nudges;
 
 /* bpftrace 0.17 loses a SIGINT handled while it is not asleep in
  * epoll_wait: its handler sets a flag that its poll loop reads only when
- * epoll_wait fails with EINTR (tests/tracer/harness.py, lost_sigint, has
+ * epoll_wait fails with EINTR (tests/lib/harness.py, lost_sigint, has
  * the whole story). The state is exact: the signal handled (not pending),
  * the process asleep in epoll_wait, and every perf event it had open
  * before the SIGINT (its probes among them) still open. A stop and

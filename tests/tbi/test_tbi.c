@@ -652,24 +652,24 @@ static void test_status_when_disabled(void **state)
     w_free(p);
 }
 
+/* Every case runs between setup and teardown. */
+#define TBI_CASE(test) cmocka_unit_test_setup_teardown(test, setup, teardown)
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_loading_thread_enabled_at_start, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sampled_block_is_tagged_and_freed_untagged, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_unsampled_block_passes_through, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_tagged_buffers_work_in_syscalls, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_kernel_needs_prctl_and_ddheap_asks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_new_threads_inherit_tagged_addresses, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_refused_thread_never_tags, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_tagged_blocks_freed_by_another_thread, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_aligned_blocks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_realloc_tagged_blocks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_mte_thread_never_tags, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_status_when_disabled, setup, teardown),
+        TBI_CASE(test_loading_thread_enabled_at_start),
+        TBI_CASE(test_sampled_block_is_tagged_and_freed_untagged),
+        TBI_CASE(test_unsampled_block_passes_through),
+        TBI_CASE(test_tagged_buffers_work_in_syscalls),
+        TBI_CASE(test_kernel_needs_prctl_and_ddheap_asks),
+        TBI_CASE(test_new_threads_inherit_tagged_addresses),
+        TBI_CASE(test_refused_thread_never_tags),
+        TBI_CASE(test_tagged_blocks_freed_by_another_thread),
+        TBI_CASE(test_aligned_blocks),
+        TBI_CASE(test_realloc_tagged_blocks),
+        TBI_CASE(test_mte_thread_never_tags),
+        TBI_CASE(test_status_when_disabled),
     };
     return cmocka_run_group_tests_name("tbi", tests, NULL, NULL);
 }

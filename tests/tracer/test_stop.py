@@ -27,7 +27,7 @@ import threading
 import time
 
 import harness
-from harness import Checker, Failure, Tracer, Workload
+from harness import Failure, Workload
 
 
 def hold_after_epoll_wait(pid, release):
@@ -60,47 +60,44 @@ def sigint_pending(pid):
 
 
 def test_lost_sigint(c, workload, tools):
-    w = Workload(workload, ["--threads=2", "--rounds=20", "--go", "--linger=stdin"],
-                 {"DD_HEAP_SAMPLING_INTERVAL": "4096"})
-    t = gdb = None
+    gdb = None
     scratch = tempfile.mkdtemp(prefix="ddheap-stop-")
     release = os.path.join(scratch, "release")
     stopped = {}
-    try:
-        w.wait_line("workload: pid=")
-        t = Tracer(os.path.join(tools, "ddheap-live.bt"), [workload], w.pid)
-        t.wait_ready("ddheap-live: tracing")
-        w.send("go")
-        w.wait_line("workload: lingering")
-        gdb, held = hold_after_epoll_wait(t.proc.pid, release)
-        wait_for("gdb did not stop bpftrace after an epoll_wait",
-                 lambda: os.path.exists(held) or gdb.poll() is not None)
-        if not os.path.exists(held):
-            raise Failure(f"gdb could not hold bpftrace: {gdb.communicate()[0][-2000:]}")
+    with Workload(workload, ["--threads=2", "--rounds=20", "--go", "--linger=stdin"],
+                  {"DD_HEAP_SAMPLING_INTERVAL": "4096"}) as w:
+        try:
+            w.wait_line("workload: pid=")
+            t = w.attach(os.path.join(tools, "ddheap-live.bt"), [workload], "ddheap-live: tracing")
+            w.send("go")
+            w.wait_line("workload: lingering")
+            gdb, held = hold_after_epoll_wait(t.proc.pid, release)
+            wait_for("gdb did not stop bpftrace after an epoll_wait",
+                     lambda: os.path.exists(held) or gdb.poll() is not None)
+            if not os.path.exists(held):
+                raise Failure(f"gdb could not hold bpftrace: {gdb.communicate()[0][-2000:]}")
 
-        def stop():
-            try:
-                stopped["out"] = t.stop()
-            except Failure as e:
-                stopped["error"] = e
-        stopper = threading.Thread(target=stop)
-        stopper.start()
-        wait_for("the harness's SIGINT did not reach bpftrace", lambda: sigint_pending(t.proc.pid))
-        open(release, "w").close()
-        gdb_out = gdb.communicate(timeout=harness.TIMEOUT)[0]
-        c.check(gdb.returncode == 0 and "detached" in gdb_out,
-                f"gdb held bpftrace after epoll_wait and let go (exit {gdb.returncode})")
-        stopper.join()
-        w.send("exit")
-        c.equal(w.finish(), 0, "workload exit code")
-    finally:
-        open(release, "w").close()  # a gdb still holding bpftrace lets go
-        if gdb is not None and gdb.poll() is None:
-            gdb.kill()
-            gdb.wait()
-        w.kill()
-        harness.stop_quietly(t)
-        shutil.rmtree(scratch, ignore_errors=True)
+            def stop():
+                try:
+                    stopped["out"] = t.stop()
+                except Failure as e:
+                    stopped["error"] = e
+            stopper = threading.Thread(target=stop)
+            stopper.start()
+            wait_for("the harness's SIGINT did not reach bpftrace",
+                     lambda: sigint_pending(t.proc.pid))
+            open(release, "w").close()
+            gdb_out = gdb.communicate(timeout=harness.TIMEOUT)[0]
+            c.check(gdb.returncode == 0 and "detached" in gdb_out,
+                    f"gdb held bpftrace after epoll_wait and let go (exit {gdb.returncode})")
+            stopper.join()
+            c.equal(w.exit(), 0, "workload exit code")
+        finally:
+            open(release, "w").close()  # a gdb still holding bpftrace lets go
+            if gdb is not None and gdb.poll() is None:
+                gdb.kill()
+                gdb.wait()
+            shutil.rmtree(scratch, ignore_errors=True)
 
     if "error" in stopped:
         c.check(False, f"Tracer.stop: {stopped['error']}")
@@ -121,18 +118,14 @@ def main():
         print(__doc__)
         return 2
     workload, tools = sys.argv[1:]
-    c = Checker("lost_sigint")
-    try:
+
+    def require():
         skip = harness.require_root_and_bpftrace()
-        if skip is not None:
-            return skip
-        if shutil.which("gdb") is None:
+        if skip is None and shutil.which("gdb") is None:
             raise Failure("gdb is not installed (scripts/install-deps installs it)")
-        test_lost_sigint(c, workload, tools)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+        return skip
+    return harness.run_checks("lost_sigint", lambda c: test_lost_sigint(c, workload, tools),
+                              require=require)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import time
 
 import harness
-from harness import SITES, Checker, Failure, Tracer, Workload, sigma
+from harness import SITES, Failure, Workload, sigma
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -31,9 +31,8 @@ def test_no_tracer(c, workload, tools):
     """No tracer: semaphores read 0 from outside, and with the interval at
     1 byte (every allocation would be sampled if sampling ran) no block is
     ever marked, before, during or after the workload's allocations."""
-    w = Workload(workload, ["--threads=2", "--rounds=50", "--pre=100", "--go", "--hold=stdin"],
-                 {"DD_HEAP_SAMPLING_INTERVAL": "1"})
-    try:
+    with Workload(workload, ["--threads=2", "--rounds=50", "--pre=100", "--go", "--hold=stdin"],
+                  {"DD_HEAP_SAMPLING_INTERVAL": "1"}) as w:
         w.wait_line("workload: pid=")
         all_equal(c, harness.read_semaphores(w.pid, workload), 0, "semaphores before the run")
         w.send("go")
@@ -47,8 +46,6 @@ def test_no_tracer(c, workload, tools):
         c.equal(w.wait_line("workload: freed"), "workload: freed marked=0 corrupt=0 attached=0",
                 "after freeing everything")
         c.equal(w.finish(), 0, "workload exit code")
-    finally:
-        w.kill()
 
 
 def test_exact(c, workload, tools):
@@ -56,13 +53,10 @@ def test_exact(c, workload, tools):
     matches a live reported block, per call site and size the counts equal
     the truth, the probe arguments sit in rdi/rsi/rdx/rcx, and the
     otel_memory provider carries the same stream."""
-    w = Workload(workload, ["--threads=2", "--rounds=40", "--pre=50", "--go", "--hold=stdin",
-                            "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
-    t = None
-    try:
+    with Workload(workload, ["--threads=2", "--rounds=40", "--pre=50", "--go", "--hold=stdin",
+                             "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": "1"}) as w:
         w.wait_line("workload: pid=")
-        t = Tracer(os.path.join(HERE, "exact.bt"), [workload], w.pid)
-        t.wait_ready("READY")
+        t = w.attach(os.path.join(HERE, "exact.bt"), [workload], "READY")
         w.send("go")
         w.wait_line("workload: holding")
         # Exactly the probes exact.bt attaches have their semaphore raised.
@@ -74,11 +68,7 @@ def test_exact(c, workload, tools):
                 "after freeing everything with the tracer attached")
         w.wait_line("workload: lingering")
         out = t.stop()
-        w.send("exit")
-        c.equal(w.finish(), 0, "workload exit code")
-    finally:
-        w.kill()
-        harness.stop_quietly(t)
+        c.equal(w.exit(), 0, "workload exit code")
 
     truth = harness.parse_truth(w.lines)
     r = harness.results(out)
@@ -135,16 +125,14 @@ def test_sampled(c, workload, tools):
     so a run is repeatable; 5 sigma is exceeded by chance with
     probability < 1e-6 per check."""
     interval = 65536
-    w = Workload(workload, ["--threads=2", "--rounds=2000", "--seed=20261129", "--go",
-                            "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": str(interval)})
-    tracers = []
-    try:
+    with Workload(workload, ["--threads=2", "--rounds=2000", "--seed=20261129", "--go",
+                             "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": str(interval)}) as w:
         w.wait_line("workload: pid=")
         # Both scripts at once: attaches nest (the semaphore counts 2).
-        for script in ("ddheap-alloc.bt", "ddheap-live.bt"):
-            tracers.append(Tracer(os.path.join(tools, script), [workload], w.pid))
-        tracers[0].wait_ready("ddheap-alloc: tracing")
-        tracers[1].wait_ready("ddheap-live: tracing")
+        tracers = [w.attach(os.path.join(tools, f"ddheap-{kind}.bt"), [workload])
+                   for kind in ("alloc", "live")]
+        for kind, t in zip(("alloc", "live"), tracers):
+            t.wait_ready(f"ddheap-{kind}: tracing")
         # The kernel counts installed breakpoints, not tracers: 1 for both.
         sem = harness.read_semaphores(w.pid, workload)
         c.equal(sem[("ddheap", "alloc")], 1, "alloc semaphore with two tracers attached")
@@ -155,11 +143,7 @@ def test_sampled(c, workload, tools):
         sem = harness.read_semaphores(w.pid, workload)
         c.equal(sem[("ddheap", "alloc")], 1, "alloc semaphore after one of two tracers left")
         outs.append(tracers[1].stop())
-        w.send("exit")
-        c.equal(w.finish(), 0, "workload exit code (contents checked)")
-    finally:
-        w.kill()
-        harness.stop_quietly(*tracers)
+        c.equal(w.exit(), 0, "workload exit code (contents checked)")
 
     truth = harness.parse_truth(w.lines)
     alloc = per_site(harness.parse_maps(outs[0]), "bytes")
@@ -209,13 +193,11 @@ def test_detach(c, workload, tools):
     the process's own count of marked blocks at the moment of the detach.
     A second tracer checks the probe argument registers of both providers
     while sizes and weights differ."""
-    w = Workload(workload, ["--threads=2", "--rounds=300", "--pre=2000", "--go", "--hold=detach"],
-                 {"DD_HEAP_SAMPLING_INTERVAL": "4096"})
-    t = regs = None
-    try:
+    with Workload(workload, ["--threads=2", "--rounds=300", "--pre=2000", "--go",
+                             "--hold=detach"], {"DD_HEAP_SAMPLING_INTERVAL": "4096"}) as w:
         w.wait_line("workload: pid=")  # the --pre blocks are allocated by now
-        t = Tracer(os.path.join(tools, "ddheap-live.bt"), [workload], w.pid)
-        regs = Tracer(os.path.join(HERE, "regs.bt"), [workload], w.pid)
+        t = w.attach(os.path.join(tools, "ddheap-live.bt"), [workload])
+        regs = w.attach(os.path.join(HERE, "regs.bt"), [workload])
         t.wait_ready("ddheap-live: tracing")
         regs.wait_ready("READY")
         w.send("go")
@@ -229,9 +211,6 @@ def test_detach(c, workload, tools):
         c.equal(w.finish(), 0, "workload exit code")
         all_gone = "ERROR" not in w.stderr and "dd_slab" not in w.stderr
         c.check(all_gone, f"no allocator complaint on stderr: {w.stderr.strip()!r}")
-    finally:
-        w.kill()
-        harness.stop_quietly(t, regs)
     r = harness.results(regs_out)
     c.check(r["size_differs_from_weight"] > 100 and r["realloc_checked"] > 100,
             f"register check saw alloc events with size != weight ({r['size_differs_from_weight']})"
@@ -257,13 +236,10 @@ def test_events(c, workload, tools):
     Ctrl-C is never printed. The test therefore waits, before stopping
     it, until bpftrace has printed as many lines as the truth says were
     emitted (or 30 s have passed: then the counts below fail)."""
-    w = Workload(workload, ["--threads=2", "--rounds=5", "--go", "--hold=stdin",
-                            "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
-    t = None
-    try:
+    with Workload(workload, ["--threads=2", "--rounds=5", "--go", "--hold=stdin",
+                             "--linger=stdin"], {"DD_HEAP_SAMPLING_INTERVAL": "1"}) as w:
         w.wait_line("workload: pid=")
-        t = Tracer(os.path.join(tools, "ddheap-events.bt"), [workload], w.pid)
-        t.wait_ready("ddheap-events: tracing")
+        t = w.attach(os.path.join(tools, "ddheap-events.bt"), [workload], "ddheap-events: tracing")
         w.send("go")
         w.wait_line("workload: holding")
         truth = harness.parse_truth(w.lines)
@@ -276,11 +252,7 @@ def test_events(c, workload, tools):
         while len(event_lines(t.text())) < 2 * n_alloc + n_realloc and time.monotonic() < deadline:
             time.sleep(0.05)
         out = t.stop()
-        w.send("exit")
-        c.equal(w.finish(), 0, "workload exit code")
-    finally:
-        w.kill()
-        harness.stop_quietly(t)
+        c.equal(w.exit(), 0, "workload exit code")
     c.check("Lost" not in out, "bpftrace lost no events")
     balance = {}
     kinds = {"alloc": 0, "free": 0, "realloc": 0}
@@ -326,21 +298,14 @@ def test_stacks(c, workload, tools):
     The wrapper's own frame is rightly missing (it jumped away); the site's
     can only be found through a frame that ddheap's probe function set up
     (docs/probes.md, "Stacks")."""
-    w = Workload(workload, ["--rounds=20000", "--seed=20261201"],
-                 {"DD_HEAP_SAMPLING_INTERVAL": "4096"})
-    t = None
-    try:
+    with Workload(workload, ["--rounds=20000", "--seed=20261201"],
+                  {"DD_HEAP_SAMPLING_INTERVAL": "4096"}) as w:
         w.wait_line("stacks: pid=")
-        t = Tracer(os.path.join(HERE, "stacks.bt"), [workload], w.pid)
-        t.wait_ready("READY")
+        t = w.attach(os.path.join(HERE, "stacks.bt"), [workload], "READY")
         w.send("go")
         w.wait_line("stacks: done")
         out = t.stop()
-        w.send("exit")
-        c.equal(w.finish(), 0, "workload exit code")
-    finally:
-        w.kill()
-        harness.stop_quietly(t)
+        c.equal(w.exit(), 0, "workload exit code")
 
     maps = harness.parse_maps(out)
     seen = {path: [0, 0] for path in STACK_PATH_OF_SITE.values()}  # [events, naming the site]
@@ -390,25 +355,20 @@ def run_live_script(workload, tools, args, interval, map_keys=None, release=Fals
     if map_keys is not None:
         os.environ["BPFTRACE_MAP_KEYS_MAX"] = str(map_keys)
     hold = ["--hold=stdin"] if release else []
-    w = Workload(workload, ["--threads=2", "--go", "--linger=stdin"] + hold + args,
-                 {"DD_HEAP_SAMPLING_INTERVAL": str(interval)})
-    t = None
     try:
-        w.wait_line("workload: pid=")
-        t = Tracer(os.path.join(tools, "ddheap-live.bt"), [workload], w.pid)
-        t.wait_ready("ddheap-live: tracing")
-        w.send("go")
-        if release:
-            w.wait_line("workload: holding")
-            w.send("release")
-        marked = int(w.wait_line("workload: lingering").split("marked=")[1])
-        out = t.stop()
-        w.send("exit")
-        if w.finish() != 0:
-            raise Failure(f"workload failed: {w.stderr.strip()}")
+        with Workload(workload, ["--threads=2", "--go", "--linger=stdin"] + hold + args,
+                      {"DD_HEAP_SAMPLING_INTERVAL": str(interval)}) as w:
+            w.wait_line("workload: pid=")
+            t = w.attach(os.path.join(tools, "ddheap-live.bt"), [workload], "ddheap-live: tracing")
+            w.send("go")
+            if release:
+                w.wait_line("workload: holding")
+                w.send("release")
+            marked = int(w.wait_line("workload: lingering").split("marked=")[1])
+            out = t.stop()
+            if w.exit() != 0:
+                raise Failure(f"workload failed: {w.stderr.strip()}")
     finally:
-        w.kill()
-        harness.stop_quietly(t)
         os.environ.pop("BPFTRACE_MAP_KEYS_MAX", None)
         if saved is not None:
             os.environ["BPFTRACE_MAP_KEYS_MAX"] = saved
@@ -447,7 +407,7 @@ def test_live_seeds(c, workload, tools):
     """tools/ddheap-live.bt is unbiased: over 16 short runs with fixed,
     distinct seeds (R = 64 KiB, ~100 sampled blocks live at the end of
     each), the mean of the runs' live errors, each in units of its own
-    standard deviation (DESIGN 3), lies within +-0.5. Were the estimate
+    standard deviation (docs/design.md, "Sampling"), lies within +-0.5. Were the estimate
     unbiased by chance alone, the mean of 16 such errors would be N(0, 1/16):
     outside +-0.5 with probability 4.6 % for a given set of seeds, and the
     seeds are fixed, so the outcome repeats. In every run the script's
@@ -510,31 +470,9 @@ def main():
         print(__doc__)
         return 2
     name, workload, tools = sys.argv[1:]
-    try:
-        skip = harness.require_root_and_bpftrace()
-    except Failure as e:
-        print(f"FAIL - {name}: {e}\n0 passed, 1 failed")
-        return 1
-    if skip is not None:
-        return skip
-    # A run in which bpftrace lost its own stack map (harness.StacksLost)
-    # says nothing about ddheap: it is run again, at most twice, and said
-    # so. Every check of the run that counts is reported.
-    attempts = 3
-    for attempt in range(1, attempts + 1):
-        c = Checker(name)
-        try:
-            TESTS[name](c, workload, tools)
-        except harness.StacksLost as e:
-            print(f"NOTE - {name}: attempt {attempt} of {attempts}: {str(e).splitlines()[0]}")
-            if attempt < attempts:
-                continue
-            c.check(False, str(e))
-        except Failure as e:
-            c.check(False, str(e))
-        break
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    # A run in which bpftrace lost its own stack map is run again, at most
+    # twice (harness.run_checks).
+    return harness.run_checks(name, lambda c: TESTS[name](c, workload, tools), attempts=3)
 
 
 if __name__ == "__main__":

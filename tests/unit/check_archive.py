@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 
+import harness
 import stapsdt
 
 # sys/sdt.h itself defines this weak, hidden anchor in every object with a
@@ -36,15 +37,8 @@ def main():
                     help="check that the archive marks with this scheme")
     args = ap.parse_args()
     providers = [p for p in args.providers.split(",") if p]
-    passed = failed = 0
-
-    def check(ok, what):
-        nonlocal passed, failed
-        print(("ok     " if ok else "FAILED ") + what)
-        if ok:
-            passed += 1
-        else:
-            failed += 1
+    c = harness.Checker("archive")
+    check = c.check
 
     probes = stapsdt.read(args.archive)
     stapsdt.check_each_probe_once(probes, providers, args.cpu, check)
@@ -83,8 +77,7 @@ def main():
             check((symbol in defined) == want,
                   f"{symbol} {'defined' if want else 'absent'}: {args.scheme} marking")
 
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return c.summary()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 
+import harness
 import stapsdt
 
 FUNCTION = re.compile(r"^([0-9a-f]+) <([^>]+)>:$")
@@ -123,15 +124,8 @@ def main():
     ap.add_argument("--objdump", default="objdump")
     args = ap.parse_args()
     arch = X86 if args.cpu == "x86_64" else AARCH64
-    passed = failed = 0
-
-    def check(ok, what):
-        nonlocal passed, failed
-        print(("ok     " if ok else "FAILED ") + what)
-        if ok:
-            passed += 1
-        else:
-            failed += 1
+    c = harness.Checker("probe-frames")
+    check = c.check
 
     functions = text_of_probe_object(args.archive, args.objdump, arch["comment"])
     notes = stapsdt.read(args.archive)
@@ -144,8 +138,7 @@ def main():
             continue
         problem = frame_at(functions[name], note.location, arch)
         check(problem is None, f"{what} in {name}: " + (problem or "inside its own frame"))
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed or not passed else 0
+    return c.summary()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@
  */
 #include "internal.h"
 #include "mark.h"
-#include "fake_alloc.h"
+#include "recording_alloc.h"
+#include "test_main.h"
 
 #include <math.h>
 
@@ -25,7 +26,7 @@ static void check_big_alignment(size_t alignment)
     int samples = 0;
     for (int i = 0; i < n; i++) {
         dd_alloc_req_t req = dd_allocation_requested(size, alignment);
-        void *raw = fake_raw_alloc(req.size, req.alignment);
+        void *raw = ra_alloc(req.size, req.alignment);
         char *user = dd_allocation_created(raw, req);
         assert_true((uintptr_t)user % alignment == 0);
         assert_int_equal(req.size, size); /* no header, no slack */
@@ -47,7 +48,7 @@ static void check_big_alignment(size_t alignment)
         dd_alloc_freed_t f = dd_allocation_freed(user, i % 2 ? size : 0, alignment);
         assert_ptr_equal(f.ptr, raw);
         assert_int_equal(f.size, i % 2 ? size : 0);
-        fake_raw_free(f.ptr, f.size);
+        ra_free(f.ptr, f.size);
     }
     double p = -expm1(-(double)size / (double)interval);
     double mean = n * p, sd = sqrt(n * p * (1 - p));
@@ -56,28 +57,13 @@ static void check_big_alignment(size_t alignment)
     assert_true(fabs(samples - mean) <= 5 * sd);
     assert_int_equal(rec.allocs, samples);
     assert_int_equal(rec.frees, samples);
-    assert_int_equal(fake.live, 0);
     assert_int_equal(ddheap_shared_v3.table_live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
-static void test_page_alignment(void **state)
+static void test_big_alignment(void **state)
 {
-    (void)state;
-    check_big_alignment(4096);
-}
-
-static void test_64k_alignment(void **state)
-{
-    (void)state;
-    check_big_alignment(65536);
-}
-
-static void test_2m_alignment(void **state)
-{
-    (void)state;
-    check_big_alignment(UINT64_C(2) << 20);
+    check_big_alignment(DDHEAP_CASE_VALUE(state));
 }
 
 /* Many page-aligned sampled blocks live at once, freed in another order:
@@ -89,7 +75,7 @@ static void test_many_live_page_aligned_blocks(void **state)
     enum { N = 3000 };
     static char *p[N];
     for (int i = 0; i < N; i++) {
-        p[i] = t_aligned(4096, 64);
+        p[i] = w_alloc(64, 4096);
         assert_non_null(p[i]);
         p[i][0] = (char)i;
     }
@@ -97,15 +83,14 @@ static void test_many_live_page_aligned_blocks(void **state)
                                                           : ddheap_shared_v3.table_live,
                      N);
     for (int i = N - 1; i >= 0; i -= 2)
-        t_free_sized(p[i], 64, 4096);
+        w_free_sized(p[i], 64, 4096);
     for (int i = N - 2; i >= 0; i -= 2)
-        t_free(p[i]);
+        w_free(p[i]);
     assert_int_equal(rec.allocs, N);
     assert_int_equal(rec.frees, N);
     assert_int_equal(ddheap_shared_v3.table_live, 0);
     assert_int_equal(ddheap_shared_v3.table_overflow, 0);
-    assert_int_equal(fake.live, 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Not a power of two: passed through unsampled, the pointer untouched.
@@ -141,21 +126,15 @@ static void test_small_alignment_overhead(void **state)
         dd_alloc_req_t req = dd_allocation_requested(100, a);
         size_t expected = DDHEAP_MARK_TBI || DDHEAP_MARK_SHADOW ? 0 : (a > 32 ? a : 32);
         assert_int_equal(req.size - req.user_size, expected);
-        t_free(dd_allocation_created(fake_raw_alloc(req.size, a), req));
+        w_free(dd_allocation_created(ra_alloc(req.size, a), req));
     }
-    assert_int_equal(fake.live, 0);
-    tracer_off();
+    tracer_done();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_page_alignment),
-        cmocka_unit_test(test_64k_alignment),
-        cmocka_unit_test(test_2m_alignment),
-        cmocka_unit_test(test_many_live_page_aligned_blocks),
-        cmocka_unit_test(test_invalid_alignments_pass_through),
-        cmocka_unit_test(test_small_alignment_overhead),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    DDHEAP_CASE_WITH(test_big_alignment, "page alignment", 4096),
+    DDHEAP_CASE_WITH(test_big_alignment, "64 KiB alignment", 65536),
+    DDHEAP_CASE_WITH(test_big_alignment, "2 MiB alignment", UINT64_C(2) << 20),
+    cmocka_unit_test(test_many_live_page_aligned_blocks),
+    cmocka_unit_test(test_invalid_alignments_pass_through),
+    cmocka_unit_test(test_small_alignment_overhead))

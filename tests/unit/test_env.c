@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
+#include "test_main.h"
+
 static void test_enabled_words(void **state)
 {
     (void)state;
@@ -92,13 +94,8 @@ static void test_interval_api(void **state)
     ddheap_test_reload_config();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_enabled_words),
-        cmocka_unit_test(test_interval_numbers),
-        cmocka_unit_test(test_environment_read),
-        cmocka_unit_test(test_interval_api),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_enabled_words),
+    cmocka_unit_test(test_interval_numbers),
+    cmocka_unit_test(test_environment_read),
+    cmocka_unit_test(test_interval_api))

@@ -30,9 +30,9 @@
 
 #include <cmocka.h>
 
-void *gate_plugin_malloc(size_t size);
-void gate_plugin_free(void *ptr);
-uint8_t gate_plugin_gate(void);
+#include "test_main.h"
+
+#include "ddheap_plugin.h"
 
 static unsigned long frees_reported;
 
@@ -61,8 +61,8 @@ static void *load_second_plugin(uint8_t (**gate)(void), void (**release)(void *)
 {
     void *h = dlopen(DDHEAP_TEST_SECOND_PLUGIN, RTLD_NOW | RTLD_LOCAL);
     assert_non_null(h);
-    *(void **)gate = dlsym(h, "gate_plugin_gate");
-    *(void **)release = dlsym(h, "gate_plugin_free");
+    *(void **)gate = dlsym(h, "ddheap_plugin_gate");
+    *(void **)release = dlsym(h, "ddheap_plugin_free");
     assert_non_null(*gate);
     assert_non_null(*release);
     return h;
@@ -74,12 +74,12 @@ static void test_gates_open_before_the_first_mark(void **state)
     /* 1 */
     assert_int_equal(ddheap_shared_v3.free_gates_open, 0);
     assert_int_equal(ddheap_shared_v3.keys_ready, 0);
-    assert_int_equal(gate_plugin_gate(), 0);
+    assert_int_equal(ddheap_plugin_gate(), 0);
     assert_int_equal(ddheap__free_gate, 0);
     unsigned before = registered_slots();
     assert_true(before >= 2); /* this executable's copy and the linked plugin's */
     void *unsampled = exe_malloc(100);
-    gate_plugin_free(unsampled); /* closed gate: straight to the real free */
+    ddheap_plugin_free(unsampled); /* closed gate: straight to the real free */
 
     /* 2 */
     uint8_t (*second_gate)(void);
@@ -102,10 +102,10 @@ static void test_gates_open_before_the_first_mark(void **state)
     }
     assert_int_equal(ddheap_test_live_marked(), 8);
     assert_int_equal(ddheap_shared_v3.free_gates_open, 1);
-    assert_int_equal(gate_plugin_gate(), 2);
+    assert_int_equal(ddheap_plugin_gate(), 2);
     assert_int_equal(ddheap__free_gate, 2);
     for (int i = 0; i < 4; i++)
-        gate_plugin_free(sampled[i]); /* a wrong pointer here would abort in free() */
+        ddheap_plugin_free(sampled[i]); /* a wrong pointer here would abort in free() */
     /* recognised and unmarked by the plugin's copy (whose probes fire,
      * with its own test hook unset: this copy's hook saw nothing) */
     assert_int_equal(ddheap_test_live_marked(), 4);
@@ -150,10 +150,5 @@ static void test_gates_open_before_the_first_mark(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gates_open_before_the_first_mark),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_gates_open_before_the_first_mark))

@@ -11,7 +11,8 @@
  */
 #include "internal.h"
 #include "mark.h"
-#include "fake_alloc.h"
+#include "recording_alloc.h"
+#include "test_main.h"
 
 #include <stdio.h>
 
@@ -28,10 +29,10 @@ static bool header_is_zero(const void *user)
 static void check_one(size_t alignment, size_t raw_offset, bool sized, size_t *in_table)
 {
     const size_t size = 40;
-    fake.page_offset = raw_offset + 1;
+    ra.page_offset = raw_offset + 1;
     dd_alloc_req_t req = dd_allocation_requested(size, alignment);
     assert_true(req.weight > 0);
-    void *raw = fake_raw_alloc(req.size, req.alignment);
+    void *raw = ra_alloc(req.size, req.alignment);
     assert_int_equal((uintptr_t)raw & 4095, raw_offset);
     char *user = dd_allocation_created(raw, req);
     uintptr_t u = (uintptr_t)user;
@@ -52,7 +53,7 @@ static void check_one(size_t alignment, size_t raw_offset, bool sized, size_t *i
     assert_int_equal(f.size, sized ? req.size : 0);
     if ((u & 4095) >= DDHEAP__HEADER)
         assert_true(header_is_zero(user)); /* zeroed before the real free */
-    fake_raw_free(f.ptr, f.size);
+    ra_free(f.ptr, f.size);
 }
 
 static void test_header_invariants_every_alignment_and_offset(void **state)
@@ -71,7 +72,7 @@ static void test_header_invariants_every_alignment_and_offset(void **state)
     assert_true(in_table > 0); /* the page-start case was really exercised */
     assert_int_equal(rec.allocs, cases);
     assert_int_equal(rec.frees, cases);
-    assert_int_equal(fake.live, 0);
+    assert_int_equal(ra.live, 0);
     assert_int_equal(ddheap_test_live_marked(), 0);
     assert_int_equal(ddheap_shared_v3.table_live, 0);
     tracer_off();
@@ -88,10 +89,10 @@ struct forge_setup {
 static void forge_begin(struct forge_setup *s)
 {
     tracer_on(1);
-    s->sampled = t_malloc(100);
+    s->sampled = w_malloc(100);
     assert_true(ddheap_test_live_marked() > 0);
     dd_heap_simulate_tracer(false);
-    s->arena = t_malloc(4096);
+    s->arena = w_malloc(4096);
     assert_true(((uintptr_t)s->arena & 4095) < 4096 - 200);
     s->victim = s->arena + 64;
 }
@@ -106,9 +107,9 @@ static void expect_refused(struct forge_setup *s, const char *what)
 
 static void forge_end(struct forge_setup *s)
 {
-    t_free(s->arena);
-    t_free(s->sampled);
-    assert_int_equal(fake.live, 0);
+    w_free(s->arena);
+    w_free(s->sampled);
+    assert_int_equal(ra.live, 0);
     tracer_off();
 }
 
@@ -195,7 +196,7 @@ static void test_tampered_meta_refused(void **state)
 {
     (void)state;
     tracer_on(1);
-    char *p = t_malloc(100);
+    char *p = w_malloc(100);
     uint64_t meta;
     memcpy(&meta, p - 8, sizeof meta);
     uint64_t evil = meta + 1; /* offset one step (16 bytes) larger: the real free would get raw - 16 */
@@ -203,10 +204,8 @@ static void test_tampered_meta_refused(void **state)
     dd_alloc_freed_t f = dd_allocation_freed(p, 0, 0);
     assert_ptr_equal(f.ptr, p); /* refused: treated as unsampled */
     memcpy(p - 8, &meta, sizeof meta);
-    t_free(p);
-    assert_int_equal(fake.live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    w_free(p);
+    tracer_done();
 }
 
 /* The stale header of a freed sampled block does not come back to life when
@@ -215,7 +214,7 @@ static void test_freed_header_stays_dead(void **state)
 {
     (void)state;
     tracer_on(1);
-    char *keep = t_malloc(10); /* keeps live_marked > 0 so frees read headers */
+    char *keep = w_malloc(10); /* keeps live_marked > 0 so frees read headers */
     char *storage = malloc(256);
     char *raw = storage + 32;
     dd_alloc_req_t req = dd_allocation_requested(50, 0);
@@ -227,18 +226,13 @@ static void test_freed_header_stays_dead(void **state)
     dd_alloc_freed_t g = dd_allocation_freed(user, 0, 0);
     assert_ptr_equal(g.ptr, user);
     free(storage);
-    t_free(keep);
+    w_free(keep);
     tracer_off();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_header_invariants_every_alignment_and_offset),
-        cmocka_unit_test(test_copied_header_refused),
-        cmocka_unit_test(test_forged_headers_refused),
-        cmocka_unit_test(test_tampered_meta_refused),
-        cmocka_unit_test(test_freed_header_stays_dead),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_header_invariants_every_alignment_and_offset),
+    cmocka_unit_test(test_copied_header_refused),
+    cmocka_unit_test(test_forged_headers_refused),
+    cmocka_unit_test(test_tampered_meta_refused),
+    cmocka_unit_test(test_freed_header_stays_dead))

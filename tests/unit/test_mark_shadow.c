@@ -24,7 +24,8 @@
 
 #include <cmocka.h>
 
-#include "fake_alloc.h"
+#include "recording_alloc.h"
+#include "test_main.h"
 
 #if !DDHEAP_MARK_SHADOW
 #error "test_mark_shadow must be built against ddheap_shadow_dep"
@@ -86,8 +87,7 @@ static void test_metadata_for_4000_blocks_over_1gib(void **state)
         release(at[i], 64, 0);
     assert_int_equal(rec.allocs, N);
     assert_int_equal(rec.frees, N);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Issue 12, item 2: for every block, sampled or not, every alignment
@@ -109,8 +109,7 @@ static void test_contract_at_every_alignment(void **state)
         }
         assert_int_equal(rec.allocs, sampled ? n : 0);
         assert_int_equal(rec.frees, sampled ? n : 0);
-        assert_int_equal(ddheap_test_live_marked(), 0);
-        tracer_off();
+        tracer_done();
     }
 }
 
@@ -145,8 +144,7 @@ static void test_every_granule_of_a_page(void **state)
         release(address, 0, 0); /* again: the bit is gone */
         assert_int_equal(rec.frees, before + 1);
     }
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Item 5: a sampled block freed without ddheap leaves a stale bit. The
@@ -168,8 +166,7 @@ static void test_stale_bit_reported_by_the_next_free(void **state)
     assert_int_equal(ddheap_test_live_marked(), 1); /* x + 64 is still marked */
     release(x + 64, 48, 0);
     assert_int_equal(rec.frees, 2);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Item 5: a later sampled block at a stale address works: the stale block's
@@ -191,8 +188,7 @@ static void test_stale_bit_then_sampled_again(void **state)
     assert_int_equal(ddheap_test_live_marked(), 1);
     release(x, 32, 0);
     assert_int_equal(rec.frees, 2);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Blocks that one bit per 8 bytes cannot tell apart (not 8-byte aligned),
@@ -209,8 +205,7 @@ static void test_unmarkable_addresses_pass_through(void **state)
         release(odd[i], 4, 0);
     }
     assert_int_equal(rec.n, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* More live marks than the first table holds: further tables are mapped
@@ -231,8 +226,7 @@ static void test_tables_grow_with_live_blocks(void **state)
         release(base + (i * 7919 % N) * 128, 0, 0);
     assert_int_equal(rec.allocs, N);
     assert_int_equal(rec.frees, N);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Item 3, bounded memory: a heap that wanders across the address space
@@ -273,8 +267,7 @@ static void test_wandering_heap_stays_bounded(void **state)
         release(live[i], 0, 0);
     assert_int_equal(rec.allocs, (size_t)LIVE * ROUNDS);
     assert_int_equal(rec.frees, (size_t)LIVE * ROUNDS);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* Threads marking and unmarking interleaved addresses of the same words:
@@ -332,8 +325,7 @@ static void test_threads_share_words(void **state)
         assert_int_equal(thread_frees[i], (size_t)PER_THREAD * ROUNDS_PER_THREAD);
         assert_int_equal(thread_wrong[i], 0);
     }
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 /* A block sampled before fork is recognised in the child, and the child's
@@ -367,39 +359,32 @@ static void test_realloc_passes_through(void **state)
     (void)state;
     for (int sampled = 0; sampled <= 1; sampled++) {
         tracer_on(sampled ? 1 : UINT64_C(1) << 62);
-        char *p = t_malloc(40);
+        char *p = w_malloc(40);
         for (size_t n = 50; n < 5000; n = n * 3) {
             dd_realloc_prep_t prep = dd_allocation_realloc_prepare(p, n);
             assert_ptr_equal(prep.raw_ptr, p);
             assert_int_equal(prep.raw_size, n);
-            void *raw = fake_raw_realloc(prep.raw_ptr, prep.raw_size);
+            void *raw = ra_realloc(prep.raw_ptr, prep.raw_size);
             char *q = dd_allocation_realloc_commit(p, raw, prep);
             assert_ptr_equal(q, raw);
             p = q;
         }
-        t_free(p);
+        w_free(p);
         assert_int_equal(rec.allocs, rec.frees);
         assert_int_equal(rec.allocs, sampled ? 6 : 0); /* malloc and 5 reallocs */
-        assert_int_equal(fake.live, 0);
-        assert_int_equal(ddheap_test_live_marked(), 0);
-        tracer_off();
+        tracer_done();
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_metadata_for_4000_blocks_over_1gib),
-        cmocka_unit_test(test_contract_at_every_alignment),
-        cmocka_unit_test(test_every_granule_of_a_page),
-        cmocka_unit_test(test_stale_bit_reported_by_the_next_free),
-        cmocka_unit_test(test_stale_bit_then_sampled_again),
-        cmocka_unit_test(test_unmarkable_addresses_pass_through),
-        cmocka_unit_test(test_realloc_passes_through),
-        cmocka_unit_test(test_threads_share_words),
-        cmocka_unit_test(test_fork),
-        cmocka_unit_test(test_wandering_heap_stays_bounded),
-        cmocka_unit_test(test_tables_grow_with_live_blocks),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_metadata_for_4000_blocks_over_1gib),
+    cmocka_unit_test(test_contract_at_every_alignment),
+    cmocka_unit_test(test_every_granule_of_a_page),
+    cmocka_unit_test(test_stale_bit_reported_by_the_next_free),
+    cmocka_unit_test(test_stale_bit_then_sampled_again),
+    cmocka_unit_test(test_unmarkable_addresses_pass_through),
+    cmocka_unit_test(test_realloc_passes_through),
+    cmocka_unit_test(test_threads_share_words),
+    cmocka_unit_test(test_fork),
+    cmocka_unit_test(test_wandering_heap_stays_bounded),
+    cmocka_unit_test(test_tables_grow_with_live_blocks))

@@ -1,7 +1,7 @@
 /*
  * Two marking schemes in one process: this program's copy of ddheap marks
- * with headers, the plugin's (shadow_plugin.c) with shadow bits, the way a
- * header-marking program runs under the shadow-marking libc interposer.
+ * with headers, the plugin's (tests/lib/ddheap_plugin.c) with shadow bits,
+ * the way a header-marking program runs under the shadow-marking libc interposer.
  * Both share ddheap_shared_v3. Each scheme must count and look for its
  * own marks only: a header free never takes a shadow-marked block for one
  * of its own, the shadow live count does not open the header scheme's free
@@ -20,10 +20,9 @@
 
 #include <cmocka.h>
 
-void *shadow_plugin_malloc(size_t size);
-void shadow_plugin_free(void *ptr);
-void shadow_plugin_trace(bool on, dd_probe_hook_fn hook);
-uint64_t shadow_plugin_live(void);
+#include "test_main.h"
+
+#include "ddheap_plugin.h"
 
 #if DDHEAP_MARK_SHADOW || DDHEAP_MARK_TBI
 #error "test_mixed_schemes is for header-marking builds"
@@ -62,7 +61,7 @@ static void plugin_hook(const dd_probe_event_t *ev, void *ctx)
 static void *exe_malloc(size_t size, bool over_plugin)
 {
     dd_alloc_req_t req = dd_allocation_requested(size, 0);
-    void *raw = over_plugin ? shadow_plugin_malloc(req.size) : malloc(req.size);
+    void *raw = over_plugin ? ddheap_plugin_malloc(req.size) : malloc(req.size);
     return dd_allocation_created(raw, req);
 }
 
@@ -70,7 +69,7 @@ static void exe_free(void *ptr, bool over_plugin)
 {
     dd_alloc_freed_t f = dd_allocation_freed(ptr, 0, 0);
     if (over_plugin)
-        shadow_plugin_free(f.ptr);
+        ddheap_plugin_free(f.ptr);
     else
         free(f.ptr);
 }
@@ -80,7 +79,7 @@ static void trace_both(bool on)
     dd_heap_simulate_tracer(on);
     dd_set_default_sampling_interval(on ? 1 : 0);
     ddheap_test_set_probe_hook(on ? exe_hook : NULL, NULL);
-    shadow_plugin_trace(on, on ? plugin_hook : NULL);
+    ddheap_plugin_trace(on, on ? plugin_hook : NULL);
 }
 
 static void test_each_scheme_counts_its_own(void **state)
@@ -88,12 +87,12 @@ static void test_each_scheme_counts_its_own(void **state)
     (void)state;
     trace_both(true);
     char *a = exe_malloc(64, false);   /* header-marked */
-    char *b = shadow_plugin_malloc(64); /* shadow-marked */
+    char *b = ddheap_plugin_malloc(64); /* shadow-marked */
     a[0] = b[0] = 1;
     assert_int_equal(exe.allocs, 1);
     assert_int_equal(plugin.allocs, 1);
     assert_int_equal(ddheap_test_live_marked(), 1); /* live_marked: headers only */
-    assert_int_equal(shadow_plugin_live(), 1);      /* shadow_live: bits only */
+    assert_int_equal(ddheap_plugin_live(), 1);      /* shadow_live: bits only */
 
     /* The header copy looks at b, finds no header of its own and hands
      * back b unchanged: freeing it through this wrapper (both wrap libc)
@@ -106,11 +105,11 @@ static void test_each_scheme_counts_its_own(void **state)
     assert_int_equal(exe.frees, 1);
     assert_int_equal(exe.last_free, (uintptr_t)a);
     assert_int_equal(ddheap_test_live_marked(), 0);
-    assert_int_equal(shadow_plugin_live(), 1);
-    shadow_plugin_free(b);
+    assert_int_equal(ddheap_plugin_live(), 1);
+    ddheap_plugin_free(b);
     assert_int_equal(plugin.frees, 1);
     assert_int_equal(plugin.last_free, (uintptr_t)b);
-    assert_int_equal(shadow_plugin_live(), 0);
+    assert_int_equal(ddheap_plugin_live(), 0);
     trace_both(false);
 }
 
@@ -135,7 +134,7 @@ static void test_header_wrapper_over_shadow_wrapper(void **state)
         assert_int_equal(exe.last_alloc, (uintptr_t)p[i]);
     }
     assert_int_equal(ddheap_test_live_marked(), N);
-    assert_int_equal(shadow_plugin_live(), N);
+    assert_int_equal(ddheap_plugin_live(), N);
     for (int i = N - 1; i >= 0; i--) {
         exe_free(p[i], true); /* header first, then the shadow bit of raw */
         assert_int_equal(exe.last_free, (uintptr_t)p[i]);
@@ -146,15 +145,10 @@ static void test_header_wrapper_over_shadow_wrapper(void **state)
     assert_int_equal(plugin.allocs, N);
     assert_int_equal(plugin.frees, N);
     assert_int_equal(ddheap_test_live_marked(), 0);
-    assert_int_equal(shadow_plugin_live(), 0);
+    assert_int_equal(ddheap_plugin_live(), 0);
     trace_both(false);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_each_scheme_counts_its_own),
-        cmocka_unit_test(test_header_wrapper_over_shadow_wrapper),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_each_scheme_counts_its_own),
+    cmocka_unit_test(test_header_wrapper_over_shadow_wrapper))

@@ -7,7 +7,8 @@
  * runs suite 'options' there.
  */
 #include "internal.h"
-#include "fake_alloc.h"
+#include "recording_alloc.h"
+#include "test_main.h"
 
 static void test_alloc_free_by_option(void **state)
 {
@@ -15,7 +16,7 @@ static void test_alloc_free_by_option(void **state)
     tracer_on(1);
     dd_alloc_req_t req = dd_allocation_requested(100, 0);
     assert_int_equal(req.weight, 100);
-    void *raw = fake_raw_alloc(req.size, 0);
+    void *raw = ra_alloc(req.size, 0);
     void *user = dd_allocation_created(raw, req);
     assert_int_equal(rec.allocs, 1);
     assert_int_equal(rec.ev[0].ptr, (uintptr_t)user);
@@ -30,7 +31,7 @@ static void test_alloc_free_by_option(void **state)
     assert_int_equal(rec.frees, 0); /* no free probe */
     assert_int_equal(ddheap_test_live_marked(), 0);
 #endif
-    fake_raw_free(f.ptr, f.size);
+    ra_free(f.ptr, f.size);
     tracer_off();
 }
 
@@ -38,15 +39,15 @@ static void test_realloc_by_option(void **state)
 {
     (void)state;
     tracer_on(1);
-    char *p = t_malloc(10);
+    char *p = w_malloc(10);
     memcpy(p, "0123456789", 10);
-    p = t_realloc(p, 1000);
+    p = w_realloc(p, 1000);
     assert_memory_equal(p, "0123456789", 10);
     assert_int_equal(rec.allocs, 2);
     assert_int_equal(rec.frees, DDHEAP_LIVE_HEAP ? 1 : 0);
-    t_free_sized(p, 1000, 0);
+    w_free_sized(p, 1000, 0);
     assert_int_equal(rec.frees, DDHEAP_LIVE_HEAP ? 2 : 0);
-    assert_int_equal(fake.live, 0);
+    assert_int_equal(ra.live, 0);
     tracer_off();
 }
 
@@ -68,12 +69,7 @@ static void test_gate_is_either_semaphore(void **state)
     assert_false(dd_heap_profiler_attached());
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_alloc_free_by_option),
-        cmocka_unit_test(test_realloc_by_option),
-        cmocka_unit_test(test_gate_is_either_semaphore),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_alloc_free_by_option),
+    cmocka_unit_test(test_realloc_by_option),
+    cmocka_unit_test(test_gate_is_either_semaphore))

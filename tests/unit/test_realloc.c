@@ -10,7 +10,8 @@
  */
 #include "internal.h"
 #include "mark.h"
-#include "fake_alloc.h"
+#include "recording_alloc.h"
+#include "test_main.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -53,23 +54,23 @@ static void expect_event(size_t i, dd_probe_kind_t kind, const void *ptr, const 
     }
 }
 
-static void one_case(enum fake_realloc_mode mode, bool old_sampled, bool new_sampled,
+static void one_case(enum ra_realloc_mode mode, bool old_sampled, bool new_sampled,
                      size_t old_size, size_t new_size)
 {
     tracer_on(1);
-    fake.realloc_mode = mode;
+    ra.realloc_mode = mode;
     sampling(old_sampled);
-    char *old = t_malloc(old_size);
+    char *old = w_malloc(old_size);
     assert_non_null(old);
     fill(old, old_size, 3);
     rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
 
     sampling(new_sampled);
-    size_t allocs_before = fake.allocs;
-    char *fresh = t_realloc(old, new_size);
+    size_t allocs_before = ra.handed_out;
+    char *fresh = w_realloc(old, new_size);
     assert_non_null(fresh);
-    if (mode == FAKE_REALLOC_IN_PLACE) /* really grown or shrunk in place */
-        assert_int_equal(fake.allocs, allocs_before);
+    if (mode == RA_REALLOC_IN_PLACE) /* really grown or shrunk in place */
+        assert_int_equal(ra.handed_out, allocs_before);
     check_fill(fresh, old_size < new_size ? old_size : new_size, 3);
 
     size_t i = 0;
@@ -83,17 +84,15 @@ static void one_case(enum fake_realloc_mode mode, bool old_sampled, bool new_sam
 
     rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
     sampling(false);
-    t_free_sized(fresh, new_size, 0); /* the fake asserts the exact size */
+    w_free_sized(fresh, new_size, 0); /* the recording allocator asserts the exact size */
     assert_int_equal(rec.frees, new_sampled ? 1 : 0);
-    assert_int_equal(fake.live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 static void test_all_combinations(void **state)
 {
     (void)state;
-    enum fake_realloc_mode modes[] = {FAKE_REALLOC_MOVE, FAKE_REALLOC_IN_PLACE};
+    enum ra_realloc_mode modes[] = {RA_REALLOC_MOVE, RA_REALLOC_IN_PLACE};
     size_t sizes[][2] = {{100, 1000}, {1000, 100}, {100, 100}, {24, 25}, {3000, 17}};
     for (size_t m = 0; m < 2; m++)
         for (int old_s = 0; old_s < 2; old_s++)
@@ -113,7 +112,7 @@ static void failed_realloc_case(bool old_sampled, size_t alignment, size_t size,
     tracer_on(interval);
     ddheap_test_seed_thread(77);
     sampling(old_sampled);
-    char *old = alignment ? t_aligned(alignment, size) : t_malloc(size);
+    char *old = alignment ? w_alloc(size, alignment) : w_malloc(size);
     assert_non_null(old);
     fill(old, size, 9);
     uint64_t marked = ddheap_test_live_marked();
@@ -129,9 +128,9 @@ static void failed_realloc_case(bool old_sampled, size_t alignment, size_t size,
     }
     rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
 
-    fake.realloc_mode = FAKE_REALLOC_FAIL;
+    ra.realloc_mode = RA_REALLOC_FAIL;
     sampling(true);
-    assert_null(t_realloc(old, 5000));
+    assert_null(w_realloc(old, 5000));
     if (old_sampled && DDHEAP_MARK_KEEPS_REPORT) {
         expect_event(0, DD_PROBE_FREE, old, NULL, 0, 0);
         expect_event(1, DD_PROBE_ALLOC, old, NULL, size, weight); /* exactly as first reported */
@@ -150,17 +149,15 @@ static void failed_realloc_case(bool old_sampled, size_t alignment, size_t size,
 
     /* Fails again: the report was kept again, not lost with the first. */
     rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
-    assert_null(t_realloc(old, 6000));
+    assert_null(w_realloc(old, 6000));
     if (old_sampled && DDHEAP_MARK_KEEPS_REPORT)
         expect_event(1, DD_PROBE_ALLOC, old, NULL, size, weight);
 
     rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
-    t_free_sized(old, size, alignment); /* still recognised: raw and size recovered */
+    w_free_sized(old, size, alignment); /* still recognised: raw and size recovered */
     assert_int_equal(rec.frees, old_sampled && !dropped ? 1 : 0);
     assert_int_equal(rec.n, old_sampled && !dropped ? 1 : 0);
-    assert_int_equal(fake.live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
 static void test_failed_realloc_reports_old_block_again(void **state)
@@ -178,36 +175,34 @@ static void test_realloc_null_allocates(void **state)
 {
     (void)state;
     tracer_on(1);
-    char *p = t_realloc(NULL, 77);
+    char *p = w_realloc(NULL, 77);
     assert_non_null(p);
     expect_event(0, DD_PROBE_ALLOC, p, NULL, 77, 77);
     expect_event(1, DD_PROBE_REALLOC, NULL, p, 77, 77);
     assert_int_equal(rec.n, 2);
-    t_free_sized(p, 77, 0);
+    w_free_sized(p, 77, 0);
     /* realloc(NULL, 0): an allocation of 0 bytes, never sampled */
     rec.n = 0;
-    void *z = t_realloc(NULL, 0);
+    void *z = w_realloc(NULL, 0);
     assert_int_equal(rec.n, 0);
-    t_free(z);
-    assert_int_equal(fake.live, 0);
+    w_free(z);
+    assert_int_equal(ra.live, 0);
     tracer_off();
 }
 
-/* realloc(p, 0) frees p (glibc semantics, which the fake follows). */
+/* realloc(p, 0) frees p (glibc semantics, which the recording allocator follows). */
 static void test_realloc_to_zero_frees(void **state)
 {
     (void)state;
     for (int old_s = 0; old_s < 2; old_s++) {
         tracer_on(1);
         sampling(old_s);
-        char *p = t_malloc(64);
+        char *p = w_malloc(64);
         rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
-        assert_null(t_realloc(p, 0));
+        assert_null(w_realloc(p, 0));
         assert_int_equal(rec.frees, old_s ? 1 : 0);
         assert_int_equal(rec.allocs, 0);
-        assert_int_equal(fake.live, 0);
-        assert_int_equal(ddheap_test_live_marked(), 0);
-        tracer_off();
+        tracer_done();
     }
 }
 
@@ -222,20 +217,18 @@ static void test_realloc_of_aligned_blocks(void **state)
         for (int mode = 0; mode < 2; mode++)
             for (int new_s = 0; new_s < 2; new_s++) {
                 tracer_on(1);
-                fake.realloc_mode = mode ? FAKE_REALLOC_IN_PLACE : FAKE_REALLOC_MOVE;
-                char *p = t_aligned(aligns[a], 1000);
+                ra.realloc_mode = mode ? RA_REALLOC_IN_PLACE : RA_REALLOC_MOVE;
+                char *p = w_alloc(1000, aligns[a]);
                 assert_true((uintptr_t)p % aligns[a] == 0);
                 fill(p, 1000, 5);
                 sampling(new_s);
-                char *q = t_realloc(p, 1500);
+                char *q = w_realloc(p, 1500);
                 check_fill(q, 1000, 5);
                 sampling(true);
-                q = t_realloc(q, 700);
+                q = w_realloc(q, 700);
                 check_fill(q, 700, 5);
-                t_free_sized(q, 700, 0);
-                assert_int_equal(fake.live, 0);
-                assert_int_equal(ddheap_test_live_marked(), 0);
-                tracer_off();
+                w_free_sized(q, 700, 0);
+                tracer_done();
             }
 }
 
@@ -243,7 +236,7 @@ static void test_realloc_of_aligned_blocks(void **state)
  * block but commit has not run yet. prepare reported free(old) before the
  * real realloc, so no guard is needed: the handler's block is sampled like
  * any other, and even when it is handed the old address its alloc comes
- * after that free. The fake's storage comes from libc, which hands the
+ * after that free. The recording allocator's storage comes from libc, which hands the
  * chunk the realloc just freed to the next request of its size: the
  * handler asks for the old block's size, so it usually gets its address. */
 static char *handler_block;
@@ -251,7 +244,7 @@ static size_t handler_size;
 
 static void allocate_like_a_signal_handler(void)
 {
-    handler_block = t_malloc(handler_size);
+    handler_block = w_malloc(handler_size);
 }
 
 static void test_signal_handler_inside_realloc_is_ordered(void **state)
@@ -259,11 +252,11 @@ static void test_signal_handler_inside_realloc_is_ordered(void **state)
     (void)state;
     tracer_on(1);
     handler_size = 100;
-    char *p = t_malloc(handler_size);
+    char *p = w_malloc(handler_size);
     rec.n = rec.allocs = rec.frees = rec.reallocs = 0;
-    fake.inside_realloc = allocate_like_a_signal_handler;
-    char *q = t_realloc(p, 4000);
-    fake.inside_realloc = NULL;
+    ra.inside_realloc = allocate_like_a_signal_handler;
+    char *q = w_realloc(p, 4000);
+    ra.inside_realloc = NULL;
     assert_non_null(handler_block);
     print_message("handler got %s address\n", handler_block == p ? "the old" : "another");
     /* free(old), the handler's alloc, then the realloc's alloc(new) and realloc */
@@ -272,10 +265,10 @@ static void test_signal_handler_inside_realloc_is_ordered(void **state)
     expect_event(2, DD_PROBE_ALLOC, q, NULL, 4000, 4000);
     expect_event(3, DD_PROBE_REALLOC, p, q, 4000, 4000);
     assert_int_equal(rec.n, 4);
-    t_free(handler_block);
-    t_free(q);
+    w_free(handler_block);
+    w_free(q);
     assert_int_equal(rec.frees, 3);
-    assert_int_equal(fake.live, 0);
+    assert_int_equal(ra.live, 0);
     assert_int_equal(ddheap__thread_state.busy, 0);
     tracer_off();
 }
@@ -340,7 +333,7 @@ static void test_realloc_growth_unbiased(void **state)
     (void)state;
     const double interval = 4096;
     const int buffers = 1000;
-    fake_reset();
+    ra_reset();
     memset(live_map, 0, sizeof live_map);
     est_allocated = 0;
     est_samples = 0;
@@ -356,14 +349,14 @@ static void test_realloc_growth_unbiased(void **state)
         size_t final = (size_t)16 << (b % 17); /* 16 B .. 1 MiB */
         char *p = NULL;
         for (size_t size = 16; size <= final; size *= 2) {
-            p = t_realloc(p, size);
+            p = w_realloc(p, size);
             assert_non_null(p);
             p[size - 1] = (char)size; /* touch the new end */
             true_allocated += (double)size;
             var_allocated += block_variance((double)size, interval);
         }
         if (b % 3 == 0) { /* freed */
-            t_free(p);
+            w_free(p);
         } else {
             kept[b] = p;
             kept_size[b] = final;
@@ -387,22 +380,15 @@ static void test_realloc_growth_unbiased(void **state)
 
     for (int b = 0; b < buffers; b++)
         if (kept[b])
-            t_free_sized(kept[b], kept_size[b], 0);
-    assert_int_equal(fake.live, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+            w_free_sized(kept[b], kept_size[b], 0);
+    tracer_done();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_all_combinations),
-        cmocka_unit_test(test_failed_realloc_reports_old_block_again),
-        cmocka_unit_test(test_realloc_null_allocates),
-        cmocka_unit_test(test_realloc_to_zero_frees),
-        cmocka_unit_test(test_realloc_of_aligned_blocks),
-        cmocka_unit_test(test_signal_handler_inside_realloc_is_ordered),
-        cmocka_unit_test(test_realloc_growth_unbiased),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_all_combinations),
+    cmocka_unit_test(test_failed_realloc_reports_old_block_again),
+    cmocka_unit_test(test_realloc_null_allocates),
+    cmocka_unit_test(test_realloc_to_zero_frees),
+    cmocka_unit_test(test_realloc_of_aligned_blocks),
+    cmocka_unit_test(test_signal_handler_inside_realloc_is_ordered),
+    cmocka_unit_test(test_realloc_growth_unbiased))

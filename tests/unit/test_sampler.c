@@ -1,5 +1,5 @@
 /*
- * sampler.c: the Poisson sampler and its weights (DESIGN §3).
+ * sampler.c: the Poisson sampler and its weights (docs/design.md, "Sampling").
  *
  * Statistical bounds, derived: a block of S bytes is sampled with
  * p = 1 - e^(-S/R) and then weighs S/p, else 0. Over N such blocks the sum
@@ -14,7 +14,8 @@
  */
 #include "internal.h"
 #include "mark.h"
-#include "fake_alloc.h"
+#include "recording_alloc.h"
+#include "test_main.h"
 
 #include <errno.h>
 #include <math.h>
@@ -133,12 +134,12 @@ static void test_interval_one_samples_everything(void **state)
         assert_int_equal(req.weight, size);
         if (size)
             assert_int_equal(req.size, size + ddheap_mark_extra(0));
-        void *p = dd_allocation_created(fake_raw_alloc(req.size, req.alignment), req);
-        t_free(p);
+        void *p = dd_allocation_created(ra_alloc(req.size, req.alignment), req);
+        w_free(p);
     }
     assert_int_equal(rec.allocs, 4999);
     assert_int_equal(rec.frees, 4999);
-    assert_int_equal(fake.live, 0);
+    assert_int_equal(ra.live, 0);
     tracer_off();
 }
 
@@ -146,7 +147,7 @@ static void test_interval_one_samples_everything(void **state)
 static void test_no_tracer_no_sampling(void **state)
 {
     (void)state;
-    fake_reset();
+    ra_reset();
     rec_start();
     dd_set_default_sampling_interval(1);
     assert_false(dd_heap_profiler_attached());
@@ -154,9 +155,9 @@ static void test_no_tracer_no_sampling(void **state)
         dd_alloc_req_t req = dd_allocation_requested(i * 97 % 70000, 0);
         assert_int_equal(req.weight, 0);
         assert_int_equal(req.size, req.user_size);
-        void *p = dd_allocation_created(fake_raw_alloc(req.size, 0), req);
+        void *p = dd_allocation_created(ra_alloc(req.size, 0), req);
         assert_int_equal(ddheap_test_live_marked(), 0);
-        t_free(p);
+        w_free(p);
     }
     assert_int_equal(rec.n, 0);
     ddheap_test_set_probe_hook(NULL, NULL);
@@ -238,17 +239,17 @@ static void test_errno_preserved(void **state)
     errno = 4242;
     dd_alloc_req_t req = dd_allocation_requested(100, 0);
     assert_int_equal(errno, 4242);
-    void *p = dd_allocation_created(fake_raw_alloc(req.size, 0), req);
+    void *p = dd_allocation_created(ra_alloc(req.size, 0), req);
     assert_int_equal(errno, 4242);
     dd_alloc_freed_t f = dd_allocation_freed(p, 0, 0);
     assert_int_equal(errno, 4242);
-    fake_raw_free(f.ptr, 0);
-    void *q = t_malloc(10);
+    ra_free(f.ptr, 0);
+    void *q = w_malloc(10);
     errno = 4343;
-    q = t_realloc(q, 5000);
+    q = w_realloc(q, 5000);
     assert_int_equal(errno, 4343);
-    t_free(q);
-    assert_int_equal(fake.live, 0);
+    w_free(q);
+    assert_int_equal(ra.live, 0);
     tracer_off();
 }
 
@@ -266,13 +267,13 @@ static void test_errno_survives_the_hook(void **state)
     tracer_on(1);
     ddheap_test_set_probe_hook(clobbering_hook, NULL);
     errno = 4242;
-    void *p = t_malloc(100); /* alloc probe */
+    void *p = w_malloc(100); /* alloc probe */
     assert_int_equal(errno, 4242);
-    p = t_realloc(p, 9000); /* free, alloc and realloc probes */
+    p = w_realloc(p, 9000); /* free, alloc and realloc probes */
     assert_int_equal(errno, 4242);
-    t_free(p); /* free probe */
+    w_free(p); /* free probe */
     assert_int_equal(errno, 4242);
-    assert_int_equal(fake.live, 0);
+    assert_int_equal(ra.live, 0);
     tracer_off();
 }
 
@@ -297,31 +298,25 @@ static void test_failed_allocation_reports_nothing(void **state)
 {
     (void)state;
     tracer_on(1);
-    fake.fail_alloc = true;
-    assert_null(t_malloc(100));
-    assert_null(t_aligned(8192, 100));
+    ra_set_fail(true);
+    assert_null(w_malloc(100));
+    assert_null(w_alloc(100, 8192));
     assert_int_equal(rec.n, 0);
-    assert_int_equal(ddheap_test_live_marked(), 0);
-    tracer_off();
+    tracer_done();
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_weights_unbiased_at_4k),
-        cmocka_unit_test(test_weights_unbiased_at_default),
-        cmocka_unit_test(test_large_blocks_weigh_their_size),
-        cmocka_unit_test(test_gap_distribution),
-        cmocka_unit_test(test_interval_one_samples_everything),
-        cmocka_unit_test(test_no_tracer_no_sampling),
-        cmocka_unit_test(test_simulated_tracer_counts),
-        cmocka_unit_test(test_disabled_by_environment),
-        cmocka_unit_test(test_interval_change_is_immediate),
-        cmocka_unit_test(test_seed_repeats),
-        cmocka_unit_test(test_errno_preserved),
-        cmocka_unit_test(test_errno_survives_the_hook),
-        cmocka_unit_test(test_reentry_passes_through),
-        cmocka_unit_test(test_failed_allocation_reports_nothing),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_weights_unbiased_at_4k),
+    cmocka_unit_test(test_weights_unbiased_at_default),
+    cmocka_unit_test(test_large_blocks_weigh_their_size),
+    cmocka_unit_test(test_gap_distribution),
+    cmocka_unit_test(test_interval_one_samples_everything),
+    cmocka_unit_test(test_no_tracer_no_sampling),
+    cmocka_unit_test(test_simulated_tracer_counts),
+    cmocka_unit_test(test_disabled_by_environment),
+    cmocka_unit_test(test_interval_change_is_immediate),
+    cmocka_unit_test(test_seed_repeats),
+    cmocka_unit_test(test_errno_preserved),
+    cmocka_unit_test(test_errno_survives_the_hook),
+    cmocka_unit_test(test_reentry_passes_through),
+    cmocka_unit_test(test_failed_allocation_reports_nothing))

@@ -11,6 +11,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "test_main.h"
+
 static void assert_close(double got, double want, double rel, const char *what, double at)
 {
     double err = fabs(got - want) / (fabs(want) > 1e-300 ? fabs(want) : 1.0);
@@ -56,11 +58,6 @@ static void test_one_minus_exp_neg_matches_expm1(void **state)
     assert_true(ddheap_one_minus_exp_neg(1e6) == 1.0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exponential_matches_log),
-        cmocka_unit_test(test_one_minus_exp_neg_matches_expm1),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_exponential_matches_log),
+    cmocka_unit_test(test_one_minus_exp_neg_matches_expm1))

@@ -1,5 +1,6 @@
 /*
- * Per-thread state and fork (DESIGN §5): four threads allocating at once
+ * Per-thread state and fork (docs/design.md, "Per-thread state and
+ * fork"): four threads allocating at once
  * keep independent countdowns (each, seeded alike, picks exactly the sample
  * points a lone thread picks), blocks sampled on one thread are released
  * correctly on another, and a block sampled before fork frees correctly in
@@ -16,6 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cmocka.h>
+
+#include "test_main.h"
 
 #define OPS 200000
 #define MAX_SAMPLES 8192
@@ -148,12 +151,7 @@ static void test_fork_keeps_sampled_blocks(void **state)
     dd_heap_simulate_tracer(false);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_independent_countdowns),
-        cmocka_unit_test(test_free_on_another_thread),
-        cmocka_unit_test(test_fork_keeps_sampled_blocks),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+DDHEAP_TEST_MAIN(
+    cmocka_unit_test(test_independent_countdowns),
+    cmocka_unit_test(test_free_on_another_thread),
+    cmocka_unit_test(test_fork_keeps_sampled_blocks))
