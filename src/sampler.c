@@ -290,6 +290,15 @@ request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
 #else
 #define DDHEAP_FRAMELESS __attribute__((optimize("omit-frame-pointer")))
 #endif
+/* For a function that reaches the probes by tail calls only: those are
+ * tail calls in an optimising build alone. At -O0 GCC calls and returns,
+ * and the frameless caller's own caller (the allocation site, when its
+ * wrapper jumped here) would vanish from the stack (test tracer-stacks). */
+#if defined(__OPTIMIZE__)
+#define DDHEAP_FRAMELESS_TAIL DDHEAP_FRAMELESS
+#else
+#define DDHEAP_FRAMELESS_TAIL
+#endif
 
 /*
  * The fast path saw the countdown run out inside a block of `size` bytes,
@@ -334,8 +343,8 @@ __attribute__((noinline)) static void *created_the_long_way(void *raw, size_t us
 /* The real allocation of a sampled request returned `raw`: mark it and
  * report it. Ends in tail calls only (the probe function hands back the
  * user pointer), so it needs no saved registers. */
-DDHEAP_FRAMELESS void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight,
-                                              size_t extra)
+DDHEAP_FRAMELESS_TAIL void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight,
+                                                   size_t extra)
 {
     if (raw == NULL) /* the real allocation failed: nothing to report */
         return NULL;
@@ -381,7 +390,7 @@ __attribute__((noinline)) static dd_alloc_freed_t release_the_long_way(void *use
 
 /* The fast path found a mark (or a filter match) before `user`. Unmarking
  * touches only memory and atomics; like created, this ends in tail calls. */
-DDHEAP_FRAMELESS dd_alloc_freed_t ddheap__release(void *user, size_t size)
+DDHEAP_FRAMELESS_TAIL dd_alloc_freed_t ddheap__release(void *user, size_t size)
 {
     dd_alloc_freed_t out = {user, size};
 #if DDHEAP_LIVE_HEAP

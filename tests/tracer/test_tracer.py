@@ -437,19 +437,13 @@ def test_fork(c, workload, tools):
     """A traced program forks children that allocate without exec: every
     child exits normally (a probe site a kernel rewrote into a call to a
     trampoline page would crash them), and the parent's events arrive."""
-    w = Workload(workload, [], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
-    t = None
-    try:
+    with Workload(workload, [], {"DD_HEAP_SAMPLING_INTERVAL": "1"}) as w:
         w.wait_line("fork: pid=")
-        t = Tracer(os.path.join(tools, "ddheap-alloc.bt"), [workload], w.pid)
-        t.wait_ready("ddheap-alloc: tracing")
+        t = w.attach(os.path.join(tools, "ddheap-alloc.bt"), [workload], "ddheap-alloc: tracing")
         w.send("go")
         done = w.wait_line("fork: children=")
         out = t.stop()
         code = w.finish()
-    finally:
-        w.kill()
-        harness.stop_quietly(t)
     for line in w.lines:
         if "ended with wait status" in line:
             print(line)
