@@ -7,7 +7,8 @@ start) and a shell pipeline of coreutils (fork and exec).
 
 Tests that need no tracer (suite 'unit'):
   exports    the library exports the malloc family and the shared state only
-  run        ddheap-run: LD_PRELOAD extended, not replaced; the PID it prints
+  run        ddheap-run: the library put first in LD_PRELOAD, what was there
+             kept after it; the PID it prints
              is the program's; the exit status passes through
   same       each program prints the same with and without the library,
              sampling on (interval 1 and default) or off
@@ -136,7 +137,7 @@ def test_run(c, b):
                        capture_output=True, text=True, env=env, timeout=60)
     c.equal(p.returncode, 3, "exit status of the command")
     pid, preload = p.stdout.split()
-    c.equal(preload, f"{b.plugin}:{b.lib}", "LD_PRELOAD seen by the command")
+    c.equal(preload, f"{b.lib}:{b.plugin}", "LD_PRELOAD seen by the command: the library first")
     m = re.search(r"pid (\d+)", p.stderr)
     c.check(m is not None and m.group(1) == pid, f"printed pid = the command's ({p.stderr!r})")
     c.check(f"ddheap-live.bt {b.lib} -p {pid}" in p.stderr, "prints the bpftrace line to attach")
