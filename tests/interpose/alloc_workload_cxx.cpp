@@ -88,8 +88,21 @@ int main()
         containers(round);
         allocator_specific(round, mix);
     }
+    // A block the allocator's statistics cannot miss, made by new[].
+    std::uint64_t before = allocator_stat();
+    const std::size_t big = std::size_t(48) << 20;
+    auto *block = new unsigned char[big];
+    owned_block(block, big, "new[] (big)");
+    for (std::size_t i = 0; i < big; i += 4096)
+        block[i] = static_cast<unsigned char>(i >> 12);
+    std::uint64_t during = allocator_stat();
+    if (during < before + big)
+        fail("the allocator's own statistics did not see new[] (big)");
+    mix(block, big);
+    delete[] block;
     std::printf("alloc: allocator %s (C++)\n", ALLOCATOR_NAME);
     std::printf("alloc: result %016llx\n", static_cast<unsigned long long>(hash));
     std::printf("alloc: stat allocated %llu\n", static_cast<unsigned long long>(allocator_stat()));
+    std::printf("alloc: stat big_seen %llu\n", static_cast<unsigned long long>(during - before));
     return 0;
 }
