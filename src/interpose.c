@@ -1,32 +1,47 @@
 /*
- * In-process interposition of libc's malloc family: dd_heap_interpose_libc()
+ * In-process interposition of the malloc family: dd_heap_interpose_libc()
  * points the malloc-family entries of every loaded object's GOT at wrappers
- * that run the ddheap hooks around glibc's own functions, for a process
- * that cannot be restarted under LD_PRELOAD (an agent, a plugin, a Python
- * extension module). docs/interpose.md says what it covers and what not.
+ * that run the ddheap hooks around the function the entry was bound to,
+ * for a process that cannot be restarted under LD_PRELOAD (an agent, a
+ * plugin, a Python extension module). docs/interpose.md says what it
+ * covers and what not. The names come from src/malloc_family.def.
  *
  * How. dl_iterate_phdr lists the loaded objects; each one's dynamic section
  * leads to its symbol and string tables and to its relocations: the PLT
  * ones (DT_JMPREL, JUMP_SLOT: calls) and the others (DT_RELA, GLOB_DAT:
  * function pointers, and calls under -fno-plt or -z now). A relocation
- * against an undefined symbol named malloc, free, ... names a GOT slot
- * that the dynamic linker filled (or, under lazy binding, left pointing
- * into the object's own PLT); that slot gets the wrapper's address. Slots
- * under RELRO are read-only after start-up: they are made writable with
- * mprotect for the write and read-only again. dlopen and dlmopen are
- * rewritten too, so that an object loaded later is rewritten as soon as it
- * is loaded.
+ * against a symbol named malloc, free, ... names a GOT slot that the
+ * dynamic linker filled (or, under lazy binding, left pointing into the
+ * object's own PLT); that slot gets the wrapper's address. Slots under
+ * RELRO are read-only after start-up: they are made writable with mprotect
+ * for the write and read-only again. dlopen and dlmopen are rewritten too,
+ * so that an object loaded later is rewritten as soon as it is loaded.
  *
- * The wrappers never call through a slot they replaced: they call glibc's
- * __libc_* entry points (src/libc_family.h), so a slot that still pointed
- * into a lazy PLT needs nothing, and restoring a slot cannot leave a
- * wrapper calling itself.
+ * Which allocator. Each wrapper forwards to what the process's global
+ * scope binds its name to (glibc's malloc, or jemalloc's, tcmalloc's, the
+ * executable's own), looked up once; reallocarray goes through the realloc
+ * wrapper. Only a slot bound to exactly that function, or a lazy slot of
+ * an object whose own scope resolves the name to it, is rewritten: a slot
+ * bound elsewhere (an RTLD_DEEPBIND or local-scope object over an
+ * allocator of its own) keeps its binding, so no allocator is ever handed
+ * another's block. The wrappers call through the pointers they were given,
+ * never through a slot, so a lazy slot needs nothing and restoring a slot
+ * cannot leave a wrapper calling itself.
  *
- * Only the pointer-preserving (shadow) scheme may do this (DESIGN §9):
- * blocks allocated before the rewrite, or in objects it never reached,
- * are freed through the wrappers, and blocks the wrappers sampled are
- * freed past them after stop. An archive built with another scheme
- * refuses, with ENOTSUP and a line on stderr.
+ * Locks. dlopen, dlsym, dladdr and dlinfo take the dynamic linker's lock,
+ * which a thread inside dlopen holds while constructors run; such a
+ * constructor may call the wrapped dlopen, whose rescan takes ddheap's
+ * lock. So ddheap's lock is never held while calling any of them: every
+ * lookup (the bindings, then each object opened again by name to learn
+ * that it is fully loaded and what its scope resolves) happens first,
+ * without the lock; under it only dl_iterate_phdr runs (its own lock is
+ * not held by a thread running constructors) and slots are written.
+ *
+ * Only the pointer-preserving (shadow) scheme may do this
+ * (docs/interpose.md): blocks allocated before the rewrite, or in objects
+ * it never reached, are freed through the wrappers, and blocks the
+ * wrappers sampled are freed past them after stop. An archive built with
+ * another scheme refuses, with ENOTSUP and a line on stderr.
  *
  * Unloading. Every write happens inside a dl_iterate_phdr callback, to an
  * object that callback reports: the dynamic linker holds its list lock,
