@@ -46,7 +46,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 import harness
-from harness import Checker, Failure, Tracer
+from harness import Failure, Tracer
 
 BIG_MAPS = {"BPFTRACE_MAP_KEYS_MAX": "262144"}
 STOP_TIMEOUT = 300  # seconds for bpftrace to print its maps and exit
@@ -390,22 +390,7 @@ def main():
         print(__doc__)
         return 2
     name = sys.argv[1]
-    b = Build(sys.argv[2:])
-    if name.startswith("traced-"):
-        try:
-            skip = harness.require_root_and_bpftrace()
-        except Failure as e:
-            print(f"FAIL - {name}: {e}\n0 passed, 1 failed")
-            return 1
-        if skip is not None:
-            return skip
-    c = Checker(name)
-    try:
-        TESTS[name](c, b)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    return harness.run_named_test(name, TESTS[name], name.startswith("traced-"), Build(sys.argv[2:]))
 
 
 if __name__ == "__main__":

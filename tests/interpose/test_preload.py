@@ -30,7 +30,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 import harness
-from harness import Checker, Failure, Tracer, Workload
+from harness import Failure, Tracer, Workload
 
 PY_COUNT, PY_SIZE = 20000, 4000
 # bpftrace preallocates every map at this size (memory and start-up time
@@ -281,22 +281,7 @@ def main():
         print(__doc__)
         return 2
     name = sys.argv[1]
-    b = Build(sys.argv[2:])
-    if name in NEEDS_TRACER:
-        try:
-            skip = harness.require_root_and_bpftrace()
-        except Failure as e:
-            print(f"FAIL - {name}: {e}\n0 passed, 1 failed")
-            return 1
-        if skip is not None:
-            return skip
-    c = Checker(name)
-    try:
-        TESTS[name](c, b)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    return harness.run_named_test(name, TESTS[name], name in NEEDS_TRACER, Build(sys.argv[2:]))
 
 
 if __name__ == "__main__":

@@ -393,3 +393,25 @@ def sigma(truth_sizes, site, field, interval):
             p = -math.expm1(-size / interval)
             var += v[field] * size * size * (1 - p) / p
     return math.sqrt(var)
+
+
+def run_named_test(name, test, needs_tracer, *args):
+    """Runs one named test of a script: test(checker, *args), after making
+    sure root and bpftrace are there when it needs a tracer (a skip when not
+    root, a failure when root without bpftrace). Prints the tally; returns
+    the exit code (0 only if something was checked and nothing failed)."""
+    if needs_tracer:
+        try:
+            skip = require_root_and_bpftrace()
+        except Failure as e:
+            print(f"FAIL - {name}: {e}\n0 passed, 1 failed")
+            return 1
+        if skip is not None:
+            return skip
+    c = Checker(name)
+    try:
+        test(c, *args)
+    except Failure as e:
+        c.check(False, str(e))
+    print(f"{c.passed} passed, {c.failed} failed")
+    return 1 if c.failed or not c.passed else 0
