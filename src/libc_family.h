@@ -115,8 +115,9 @@ struct ddheap_family_targets {
 #undef DDHEAP_FAMILY_C23
 };
 
-/* The page size valloc and pvalloc align to, from the auxiliary vector
- * (no sysconf, which may read files, on the allocation path). */
+/* The page size the page_aligned and whole_pages classes align to, from
+ * the auxiliary vector (no sysconf, which may read files, on the
+ * allocation path). */
 static inline size_t ddheap_family_page_size(void)
 {
     return (size_t)getauxval(AT_PAGESZ);
@@ -201,7 +202,7 @@ static inline void *ddheap_family_page_aligned(ddheap_page_aligned_via *via, siz
     return dd_allocation_created(via(req.size), req);
 }
 
-/* pvalloc hands out whole pages: the block ddheap accounts is the rounded
+/* whole_pages hands out whole pages: the block ddheap accounts is the rounded
  * size, which is what the program may use. A size that cannot be rounded
  * fails as in glibc. */
 static inline void *ddheap_family_whole_pages(ddheap_whole_pages_via *via, size_t size)

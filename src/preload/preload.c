@@ -20,11 +20,11 @@
  * Which function each entry point reaches (docs/interpose.md):
  *  - the allocator is the object that defines the next malloc; every other
  *    entry point goes to that object's own definition, never to another
- *    object's (jemalloc has no pvalloc: the next pvalloc is glibc's, whose
- *    blocks jemalloc's free cannot take);
+ *    object's (jemalloc lacks one of the family: the next definition of
+ *    that name is glibc's, whose blocks jemalloc's free cannot take);
  *  - an entry point the allocator lacks is built from its siblings in the
- *    same object (valloc, pvalloc, memalign, aligned_alloc, posix_memalign
- *    from whichever aligned allocation it has; free_sized from free), and
+ *    same object (the aligned and page-aligned classes from whichever
+ *    aligned allocation it has; the sized frees from free), and
  *    only if it has none of them does the call go to the next definition
  *    of the same name, as it would without ddheap;
  *  - reallocarray is glibc's: an overflow check, then realloc as the
@@ -133,15 +133,31 @@ static struct ddheap_family_targets own;
 enum { UNRESOLVED, RESOLVING, RESOLVED };
 static int state = UNRESOLVED;
 
+/* What the entry points the allocator lacks are built from, chosen by
+ * class from its own definitions (find_targets): the first aligned
+ * allocation of the table it defines, its posix_memalign, its free. */
+static ddheap_aligned_via *own_aligned_fn;
+static ddheap_posix_memalign_via *own_posix_fn;
+static ddheap_free_via *own_free_fn;
+#define SIBLING_aligned(fn) own_aligned_fn = own_aligned_fn != NULL ? own_aligned_fn : (fn);
+#define SIBLING_posix_memalign(fn) own_posix_fn = own_posix_fn != NULL ? own_posix_fn : (fn);
+#define SIBLING_free(fn) own_free_fn = own_free_fn != NULL ? own_free_fn : (fn);
+#define SIBLING_alloc(fn)
+#define SIBLING_calloc(fn)
+#define SIBLING_realloc(fn)
+#define SIBLING_reallocarray(fn)
+#define SIBLING_page_aligned(fn)
+#define SIBLING_whole_pages(fn)
+#define SIBLING_free_sized(fn)
+#define SIBLING_free_aligned_sized(fn)
+
 /* The allocator's own aligned allocation, whichever it has. */
 static void *own_aligned(size_t alignment, size_t size)
 {
-    if (own.memalign != NULL)
-        return own.memalign(alignment, size);
-    if (own.aligned_alloc != NULL)
-        return own.aligned_alloc(alignment, size);
+    if (own_aligned_fn != NULL)
+        return own_aligned_fn(alignment, size);
     void *block = NULL;
-    int rc = own.posix_memalign(&block, alignment, size);
+    int rc = own_posix_fn(&block, alignment, size);
     if (rc != 0)
         errno = rc;
     return block;
@@ -163,7 +179,8 @@ static int own_posix_memalign(void **out, size_t alignment, size_t size)
     return 0;
 }
 
-/* valloc, and pvalloc (whose wrapper has rounded the size already). */
+/* The page_aligned and whole_pages classes (the latter's wrapper has
+ * rounded the size up already). */
 static void *own_page_aligned(size_t size)
 {
     return own_aligned(ddheap_family_page_size(), size);
@@ -172,14 +189,14 @@ static void *own_page_aligned(size_t size)
 static void own_free_sized(void *ptr, size_t size)
 {
     (void)size;
-    own.free(ptr);
+    own_free_fn(ptr);
 }
 
 static void own_free_aligned_sized(void *ptr, size_t alignment, size_t size)
 {
     (void)alignment;
     (void)size;
-    own.free(ptr);
+    own_free_fn(ptr);
 }
 
 /* `name` as defined in the object at `base`, or NULL: dlsym on a handle
@@ -191,20 +208,20 @@ static void *defined_in(void *handle, const void *base, const char *name)
     return sym != NULL && dladdr(sym, &info) != 0 && info.dli_fbase == base ? sym : NULL;
 }
 
-/* An entry point the allocator lacks, built from what it has; NULL if it
- * has nothing to build it from. */
-static void *built_from_siblings(const char *name)
+/* An entry point of `class` the allocator lacks, built from what it has;
+ * NULL if it has nothing to build it from. */
+static void *built_from_siblings(const char *class)
 {
-    bool aligned = own.memalign != NULL || own.aligned_alloc != NULL || own.posix_memalign != NULL;
-    if (aligned && (strcmp(name, "memalign") == 0 || strcmp(name, "aligned_alloc") == 0))
+    bool aligned = own_aligned_fn != NULL || own_posix_fn != NULL;
+    if (aligned && strcmp(class, "aligned") == 0)
         return AS_DATA(own_aligned);
-    if (aligned && strcmp(name, "posix_memalign") == 0)
+    if (aligned && strcmp(class, "posix_memalign") == 0)
         return AS_DATA(own_posix_memalign);
-    if (aligned && (strcmp(name, "valloc") == 0 || strcmp(name, "pvalloc") == 0))
+    if (aligned && (strcmp(class, "page_aligned") == 0 || strcmp(class, "whole_pages") == 0))
         return AS_DATA(own_page_aligned);
-    if (own.free != NULL && strcmp(name, "free_sized") == 0)
+    if (own_free_fn != NULL && strcmp(class, "free_sized") == 0)
         return AS_DATA(own_free_sized);
-    if (own.free != NULL && strcmp(name, "free_aligned_sized") == 0)
+    if (own_free_fn != NULL && strcmp(class, "free_aligned_sized") == 0)
         return AS_DATA(own_free_aligned_sized);
     return NULL;
 }
@@ -226,6 +243,11 @@ static void find_targets(void)
 #undef DDHEAP_FAMILY_C23
     if (handle != NULL)
         dlclose(handle); /* RTLD_NOLOAD took a reference: give it back */
+#define DDHEAP_FAMILY(name, class, via) SIBLING_##class(own.name)
+#define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
+#include "malloc_family.def"
+#undef DDHEAP_FAMILY
+#undef DDHEAP_FAMILY_C23
     /* reallocarray: realloc as the process binds it. The rest: the
      * allocator's own, else built from its siblings, else the next
      * definition of the name. Published one by one: a thread that sees
@@ -235,7 +257,7 @@ static void find_targets(void)
     {                                                                                        \
         void *fn = strcmp(#class, "reallocarray") == 0 ? process_realloc                     \
                    : own.name != NULL                  ? AS_DATA(own.name)                   \
-                                                       : built_from_siblings(#name);         \
+                                                       : built_from_siblings(#class);        \
         if (fn == NULL)                                                                      \
             fn = dlsym(RTLD_NEXT, #via);                                                     \
         __atomic_store_n(&next.name, AS_FN(ddheap_##class##_via, fn), __ATOMIC_RELEASE);     \
