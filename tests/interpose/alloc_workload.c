@@ -19,6 +19,12 @@
  * It prints one result line (a checksum of the contents, the same with and
  * without ddheap) and the allocator's own statistics ("alloc: stat NAME
  * VALUE"), which test_allocators.py compares between runs.
+ *
+ * With DDHEAP_TEST_AGENT=path to a library holding libddheap.a (the GOT
+ * test's agent), it first loads it and calls dd_heap_interpose_libc(), as
+ * an agent would, with a simulated tracer at interval 1 and a probe hook
+ * that counts what is reported: the same checks then hold for the
+ * in-process rewrite, and at least one alloc must have been reported.
  */
 #define _GNU_SOURCE
 
@@ -31,6 +37,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <ddheap.h>
+#include <ddheap/testing.h>
 
 #include "alloc_owner.h"
 
@@ -105,9 +114,51 @@ static void standard_family(unsigned round)
         fail("reallocarray: overflow must fail with ENOMEM");
 }
 
+static unsigned long reported_allocs;
+
+static void count_report(const dd_probe_event_t *event, void *ctx)
+{
+    (void)ctx;
+    reported_allocs += event->kind == DD_PROBE_ALLOC;
+}
+
+#define AGENT_FN(var, handle, name)                      \
+    do {                                                 \
+        void *sym_ = dlsym(handle, name);                \
+        if (sym_ == NULL)                                \
+            fail("the agent does not export " name);     \
+        memcpy(&(var), &sym_, sizeof(var));              \
+    } while (0)
+
+/* Loads the agent and turns the in-process rewrite on; false if not asked. */
+static bool interpose_through_agent(void)
+{
+    const char *path = getenv("DDHEAP_TEST_AGENT");
+    if (path == NULL || path[0] == '\0')
+        return false;
+    void *agent = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (agent == NULL)
+        fail("cannot load DDHEAP_TEST_AGENT");
+    void (*set_interval)(uint64_t);
+    void (*simulate)(bool);
+    void (*set_hook)(dd_probe_hook_fn, void *);
+    int (*interpose)(void);
+    AGENT_FN(set_interval, agent, "dd_set_default_sampling_interval");
+    AGENT_FN(simulate, agent, "dd_heap_simulate_tracer");
+    AGENT_FN(set_hook, agent, "ddheap_test_set_probe_hook");
+    AGENT_FN(interpose, agent, "dd_heap_interpose_libc");
+    set_interval(1);
+    simulate(true);
+    set_hook(count_report, NULL);
+    if (interpose() != 0)
+        fail("dd_heap_interpose_libc did not return 0");
+    return true;
+}
+
 int main(void)
 {
     allocator_setup();
+    bool interposed = interpose_through_agent();
     for (unsigned round = 0; round < 400; round++) {
         standard_family(round);
         allocator_specific(round, mix);
@@ -121,6 +172,10 @@ int main(void)
         fail("the allocator's own statistics did not see malloc(BIG)");
     mix(big, BIG);
     free(big);
+    if (interposed && reported_allocs == 0)
+        fail("dd_heap_interpose_libc: nothing was reported");
+    if (interposed)
+        fprintf(stderr, "alloc: reported allocs %lu\n", reported_allocs);
     printf("alloc: allocator %s\n", ALLOCATOR_NAME);
     printf("alloc: result %016llx\n", (unsigned long long)hash);
     printf("alloc: stat allocated %llu\n", (unsigned long long)allocator_stat());

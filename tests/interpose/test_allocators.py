@@ -4,7 +4,7 @@ allocator must keep serving them, whatever they call, and nothing may
 change in what they do (docs/interpose.md, "Which allocator serves the
 program").
 
-    test_allocators.py TEST LIB DDHEAP_RUN TOOLS missing=LIBS NAME=PROGRAM...
+    test_allocators.py TEST LIB DDHEAP_RUN TOOLS missing=LIBS agent=LIB NAME=PROGRAM...
 
 Tests that need no tracer (suite 'unit'):
   jemalloc, tcmalloc, mimalloc, glibc
@@ -59,7 +59,8 @@ class Build:
     def __init__(self, args):
         self.lib, self.run, self.tools = args[:3]
         self.missing = [m for m in args[3].split("=", 1)[1].split(",") if m]
-        self.programs = dict(a.split("=", 1) for a in args[4:])
+        self.agent = args[4].split("=", 1)[1]  # '' unless the archive is shadow
+        self.programs = dict(a.split("=", 1) for a in args[5:])
         self.notes = harness.stapsdt.read(self.lib)
         sites = {n.name: n.location for n in self.notes if n.provider == "ddheap"}
         self.sites = [str(sites["alloc"]), str(sites["free"])]
@@ -137,6 +138,16 @@ def test_allocator(c, b, allocator):
                   f"{stat(p.stdout, 'allocated')}, without ddheap {stat(plain, 'allocated')}")
             c.check(UNPROFILED.search(p.stderr) is None,
                     f"{what}: the library is in charge of malloc (no notice: {p.stderr.strip()!r})")
+        if b.agent and program == allocator:
+            # In process: the agent's dd_heap_interpose_libc() at start,
+            # every block reported (the program checks some were).
+            p = run([path], {**env, "DDHEAP_TEST_AGENT": b.agent}, f"{program} in process")
+            c.equal(result_lines(p.stdout), result_lines(plain),
+                    f"{program}, dd_heap_interpose_libc() at interval 1: same output "
+                    f"({p.stderr.strip()})")
+            within(c, stat(p.stdout, "big_seen"), stat(plain, "big_seen"),
+                   f"{program} in process: {allocator}'s own statistics, growth for one "
+                   f"48 MiB block")
         if allocator == "mimalloc":
             # Preloaded ahead of ddheap (not what ddheap-run does): mimalloc's
             # functions win the lookup, the library forwards nothing, and
@@ -386,7 +397,7 @@ TESTS = {
 
 
 def main():
-    if len(sys.argv) < 6 or sys.argv[1] not in TESTS:
+    if len(sys.argv) < 7 or sys.argv[1] not in TESTS:
         print(__doc__)
         return 2
     name = sys.argv[1]
