@@ -174,7 +174,11 @@ static bool defined_next_to_ddheap(void *fn)
     Dl_info info;
     if (fn == NULL || dladdr(fn, &info) == 0)
         return false;
+    /* The executable is not found by its path (its link map has no name):
+     * its handle is the global scope's, searched from it first. */
     void *handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == NULL)
+        handle = dlopen(NULL, RTLD_LAZY);
     if (handle == NULL)
         return false;
     void *state = dlsym(handle, "ddheap_shared_v3");
