@@ -7,6 +7,8 @@
 // with and without ddheap (tests/interpose/test_allocators.py).
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <new>
@@ -100,6 +102,12 @@ int main()
         fail("the allocator's own statistics did not see new[] (big)");
     mix(block, big);
     delete[] block;
+    // And one through malloc: with the allocator's own operator new (not
+    // sampled) this is the block a tracer is sure to see at any interval.
+    void *plain = owned_block(std::malloc(big), big, "malloc (big)");
+    std::memset(plain, 7, big);
+    mix(plain, big);
+    std::free(plain);
     std::printf("alloc: allocator %s (C++)\n", ALLOCATOR_NAME);
     std::printf("alloc: result %016llx\n", static_cast<unsigned long long>(hash));
     std::printf("alloc: stat allocated %llu\n", static_cast<unsigned long long>(allocator_stat()));
