@@ -166,19 +166,23 @@ enum dd_heap_thread_status {
  * reports NO_TAGGED_ADDR or MTE never samples; its frees still work. */
 DDHEAP_API int dd_heap_thread_sampling_status(void);
 
-/* Puts libc's malloc family through ddheap in this running process, with
- * no restart and no LD_PRELOAD (docs/interpose.md): the malloc, free,
- * calloc, realloc, reallocarray, posix_memalign, aligned_alloc, memalign,
- * valloc, pvalloc, dlopen and dlmopen entries of the GOT of every loaded
- * object but the one holding ddheap are pointed at wrappers over glibc's
- * functions, and objects dlopen'ed later are rewritten when they load.
- * Calling it again rewrites what was loaded past the hooks meanwhile.
- * Returns 0, or an errno value:
+/* Puts the malloc family through ddheap in this running process, with
+ * no restart and no LD_PRELOAD (docs/interpose.md): every GOT entry of a
+ * loaded object (but the one holding ddheap) for the malloc family, dlopen
+ * or dlmopen that is bound to what the process's global scope binds the
+ * name to (glibc's malloc, or jemalloc's, tcmalloc's...) is pointed at a
+ * wrapper over that same function, and objects dlopen'ed later are
+ * rewritten when they load. Entries bound elsewhere (an RTLD_DEEPBIND
+ * object over an allocator of its own) are left alone. Calling it again
+ * rewrites what was loaded past the hooks meanwhile; it may be called
+ * while other threads dlopen. Returns 0, or an errno value:
  *   ENOTSUP  this archive was not built with -Dmarking=shadow, the only
  *            scheme that survives frees past the hooks (a line on stderr
  *            says so; nothing is changed);
- *   EBUSY    malloc in this process is not glibc's (another allocator or
- *            libddheap_preload.so is loaded; nothing is changed);
+ *   EBUSY    malloc in this process already runs ddheap's hooks
+ *            (libddheap_preload.so, or a program that wires them) or is a
+ *            sanitizer's (a line on stderr; nothing is changed);
+ *   ENOSYS   no dynamic linker to ask (a static program);
  *   ENOMEM, or mprotect's error: some entries could not be rewritten. */
 DDHEAP_API int dd_heap_interpose_libc(void);
 

@@ -1,32 +1,47 @@
 /*
- * In-process interposition of libc's malloc family: dd_heap_interpose_libc()
+ * In-process interposition of the malloc family: dd_heap_interpose_libc()
  * points the malloc-family entries of every loaded object's GOT at wrappers
- * that run the ddheap hooks around glibc's own functions, for a process
- * that cannot be restarted under LD_PRELOAD (an agent, a plugin, a Python
- * extension module). docs/interpose.md says what it covers and what not.
+ * that run the ddheap hooks around the function the entry was bound to,
+ * for a process that cannot be restarted under LD_PRELOAD (an agent, a
+ * plugin, a Python extension module). docs/interpose.md says what it
+ * covers and what not. The names come from src/malloc_family.def.
  *
  * How. dl_iterate_phdr lists the loaded objects; each one's dynamic section
  * leads to its symbol and string tables and to its relocations: the PLT
  * ones (DT_JMPREL, JUMP_SLOT: calls) and the others (DT_RELA, GLOB_DAT:
  * function pointers, and calls under -fno-plt or -z now). A relocation
- * against an undefined symbol named malloc, free, ... names a GOT slot
- * that the dynamic linker filled (or, under lazy binding, left pointing
- * into the object's own PLT); that slot gets the wrapper's address. Slots
- * under RELRO are read-only after start-up: they are made writable with
- * mprotect for the write and read-only again. dlopen and dlmopen are
- * rewritten too, so that an object loaded later is rewritten as soon as it
- * is loaded.
+ * against a symbol named malloc, free, ... names a GOT slot that the
+ * dynamic linker filled (or, under lazy binding, left pointing into the
+ * object's own PLT); that slot gets the wrapper's address. Slots under
+ * RELRO are read-only after start-up: they are made writable with mprotect
+ * for the write and read-only again. dlopen and dlmopen are rewritten too,
+ * so that an object loaded later is rewritten as soon as it is loaded.
  *
- * The wrappers never call through a slot they replaced: they call glibc's
- * __libc_* entry points (src/libc_family.h), so a slot that still pointed
- * into a lazy PLT needs nothing, and restoring a slot cannot leave a
- * wrapper calling itself.
+ * Which allocator. Each wrapper forwards to what the process's global
+ * scope binds its name to (glibc's malloc, or jemalloc's, tcmalloc's, the
+ * executable's own), looked up once; reallocarray goes through the realloc
+ * wrapper. Only a slot bound to exactly that function, or a lazy slot of
+ * an object whose own scope resolves the name to it, is rewritten: a slot
+ * bound elsewhere (an RTLD_DEEPBIND or local-scope object over an
+ * allocator of its own) keeps its binding, so no allocator is ever handed
+ * another's block. The wrappers call through the pointers they were given,
+ * never through a slot, so a lazy slot needs nothing and restoring a slot
+ * cannot leave a wrapper calling itself.
  *
- * Only the pointer-preserving (shadow) scheme may do this (DESIGN §9):
- * blocks allocated before the rewrite, or in objects it never reached,
- * are freed through the wrappers, and blocks the wrappers sampled are
- * freed past them after stop. An archive built with another scheme
- * refuses, with ENOTSUP and a line on stderr.
+ * Locks. dlopen, dlsym, dladdr and dlinfo take the dynamic linker's lock,
+ * which a thread inside dlopen holds while constructors run; such a
+ * constructor may call the wrapped dlopen, whose rescan takes ddheap's
+ * lock. So ddheap's lock is never held while calling any of them: every
+ * lookup (the bindings, then each object opened again by name to learn
+ * that it is fully loaded and what its scope resolves) happens first,
+ * without the lock; under it only dl_iterate_phdr runs (its own lock is
+ * not held by a thread running constructors) and slots are written.
+ *
+ * Only the pointer-preserving (shadow) scheme may do this
+ * (docs/interpose.md): blocks allocated before the rewrite, or in objects
+ * it never reached, are freed through the wrappers, and blocks the
+ * wrappers sampled are freed past them after stop. An archive built with
+ * another scheme refuses, with ENOTSUP and a line on stderr.
  *
  * Unloading. Every write happens inside a dl_iterate_phdr callback, to an
  * object that callback reports: the dynamic linker holds its list lock,
@@ -70,50 +85,22 @@
 
 /* --- the replacements --- */
 
-static void *wrap_malloc(size_t size)
-{
-    return ddheap_libc_malloc(size);
-}
+/* Where each wrapper hands its call: the function the process's global
+ * scope binds the name to (glibc's, or jemalloc's, tcmalloc's, the
+ * program's own), found once by find_bindings() before any slot points at
+ * a wrapper, and never changed afterwards. reallocarray goes through
+ * wrap_realloc (glibc's reallocarray is realloc with an overflow check). */
+static struct ddheap_family_targets target;
 
-static void wrap_free(void *ptr)
-{
-    ddheap_libc_free(ptr);
-}
-
-static void *wrap_calloc(size_t count, size_t size)
-{
-    return ddheap_libc_calloc(count, size);
-}
-
-static void *wrap_realloc(void *ptr, size_t size)
-{
-    return ddheap_libc_realloc(ptr, size);
-}
-
-static void *wrap_reallocarray(void *ptr, size_t count, size_t size)
-{
-    return ddheap_libc_reallocarray(ptr, count, size);
-}
-
-static int wrap_posix_memalign(void **out, size_t alignment, size_t size)
-{
-    return ddheap_libc_posix_memalign(out, alignment, size);
-}
-
-static void *wrap_memalign(size_t alignment, size_t size)
-{
-    return ddheap_libc_memalign(alignment, size);
-}
-
-static void *wrap_valloc(size_t size)
-{
-    return ddheap_libc_valloc(size);
-}
-
-static void *wrap_pvalloc(size_t size)
-{
-    return ddheap_libc_pvalloc(size);
-}
+#define DDHEAP_FAMILY(name, class, via)                                                \
+    static DDHEAP_##class##_TYPE(wrap_##name)                                          \
+    {                                                                                  \
+        DDHEAP_##class##_RETURN(ddheap_family_##class(target.name, DDHEAP_##class##_ARGS)) \
+    }
+#define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
+#include "malloc_family.def"
+#undef DDHEAP_FAMILY
+#undef DDHEAP_FAMILY_C23
 
 static void rescan_after_load(void);
 
@@ -121,7 +108,10 @@ static void rescan_after_load(void);
  * rewritten. glibc takes the caller's identity from the return address:
  * names without a slash are searched with the RUNPATH of the object that
  * holds ddheap, not the caller's, and the namespace is ddheap's
- * (docs/interpose.md, "Limits"). */
+ * (docs/interpose.md, "Limits"). The rescan runs after dlopen returned,
+ * outside the loader's lock, but possibly inside a constructor that holds
+ * it (a library whose constructor dlopens): rescan_after_load takes
+ * ddheap's lock only around work that never waits for the loader's. */
 static void *wrap_dlopen(const char *file, int mode)
 {
     void *handle = dlopen(file, mode);
@@ -147,7 +137,7 @@ static void *wrap_dlmopen(Lmid_t namespace_id, const char *file, int mode)
 struct replacement {
     const char *name;
     void *wrapper;
-    void *real; /* glibc's own definition of `name` (libc.so.6), or NULL */
+    void *bound; /* what the global scope binds `name` to, or NULL */
 };
 
 /* Function pointers as data pointers: POSIX guarantees the conversion
@@ -157,60 +147,111 @@ union fn_as_data {
     void *data;
 };
 #define AS_DATA(f) (((union fn_as_data){.fn = (void (*)(void))(f)}).data)
+#define AS_FN(type, d) ((type *)((union fn_as_data){.data = (d)}).fn)
 
+/* The malloc family (src/malloc_family.def), then dlopen and dlmopen. */
 static struct replacement replacements[] = {
-    {"malloc", NULL, NULL},
-    {"free", NULL, NULL},
-    {"calloc", NULL, NULL},
-    {"realloc", NULL, NULL},
-    {"reallocarray", NULL, NULL},
-    {"posix_memalign", NULL, NULL},
-    {"aligned_alloc", NULL, NULL},
-    {"memalign", NULL, NULL},
-    {"valloc", NULL, NULL},
-    {"pvalloc", NULL, NULL},
+#define DDHEAP_FAMILY(name, class, via) {#name, NULL, NULL},
+#define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
+#include "malloc_family.def"
+#undef DDHEAP_FAMILY
+#undef DDHEAP_FAMILY_C23
     {"dlopen", NULL, NULL},
     {"dlmopen", NULL, NULL},
 };
 #define N_REPLACEMENTS (sizeof replacements / sizeof replacements[0])
+_Static_assert(N_REPLACEMENTS <= 32, "lazy_ok in struct scanned is a 32-bit mask");
 
-/* Binds the glibc functions the wrappers call, once, outside any malloc:
- * the object that holds ddheap is never rewritten and need not be linked
- * -z now, and a lazy binding must not run inside a hooked malloc. All but
- * pvalloc: it is obsolete, and valgrind aborts the program that calls it,
- * so it alone is bound at its first call. */
-static void bind_glibc_entry_points(void)
+static bool bindings_known; /* under `lock`: replacements and target filled */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The object that defines `fn` holds a copy of ddheap (it exports the
+ * state every copy shares): libddheap_preload.so, or a program that wires
+ * the hooks into its own malloc. Wrappers there would count every block
+ * twice. */
+static bool defined_next_to_ddheap(void *fn)
 {
-    __libc_free(__libc_malloc(1));
-    __libc_free(__libc_calloc(1, 1));
-    __libc_free(__libc_realloc(NULL, 1));
-    __libc_free(__libc_memalign(16, 1));
-    __libc_free(__libc_valloc(1));
-    (void)ddheap_libc_page_size();
+    Dl_info info;
+    if (fn == NULL || dladdr(fn, &info) == 0)
+        return false;
+    /* The executable is not found by its path (its link map has no name):
+     * its handle is the global scope's, searched from it first. */
+    void *handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == NULL)
+        handle = dlopen(NULL, RTLD_LAZY);
+    if (handle == NULL)
+        return false;
+    void *state = dlsym(handle, "ddheap_shared_v3");
+    Dl_info state_info;
+    bool same = state != NULL && dladdr(state, &state_info) != 0 &&
+                state_info.dli_fbase == info.dli_fbase;
+    dlclose(handle);
+    return same;
 }
 
-/* Fills in the wrappers and glibc's own definitions, looked up in
- * libc.so.6 itself: in an executable built without -fPIE, the address of a
- * function taken there is the executable's PLT entry, not glibc's. False
- * if libc.so.6 is not loaded (a static program, another C library). */
-static bool fill_replacements(void)
+/* Finds, once, what the global scope binds every name to, and so where
+ * each wrapper forwards. Called without ddheap's lock: dlopen, dlsym and
+ * dladdr take the loader's lock, which a thread inside dlopen holds while
+ * it reaches wrap_dlopen (constructors run under it); holding ddheap's
+ * lock here would invert the order. Publishes under the lock; a second
+ * caller racing this one computes the same values and keeps the first.
+ * Returns 0, or EBUSY when malloc is already hooked by ddheap, or ENOSYS
+ * when there is no dynamic linker to ask (a static program). */
+static int find_bindings(void)
 {
+    pthread_mutex_lock(&lock);
+    bool known = bindings_known;
+    pthread_mutex_unlock(&lock);
+    if (known)
+        return 0;
+    /* The main program's handle searches the global scope: what every
+     * object not loaded with RTLD_DEEPBIND binds these names to. */
+    void *global = dlopen(NULL, RTLD_LAZY);
+    if (global == NULL)
+        return ENOSYS;
+    void *bound[N_REPLACEMENTS];
+    for (size_t i = 0; i < N_REPLACEMENTS; i++)
+        bound[i] = dlsym(global, replacements[i].name);
+    struct ddheap_family_targets found;
+#define DDHEAP_FAMILY(name, class, via)                                                \
+    found.name = strcmp(#class, "reallocarray") == 0                                  \
+                     ? AS_FN(ddheap_##class##_via, AS_DATA(wrap_##via))                \
+                     : AS_FN(ddheap_##class##_via, dlsym(global, #via));
+#define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
+#include "malloc_family.def"
+#undef DDHEAP_FAMILY
+#undef DDHEAP_FAMILY_C23
+    /* A sanitizer's runtime owns malloc and keeps its own records of every
+     * block and of who allocated it: it is left alone, as is a malloc that
+     * already runs ddheap's hooks. */
+    static const char *const sanitizers[] = {"__asan_init", "__tsan_init", "__msan_init",
+                                             "__hwasan_init"};
+    bool sanitized = false;
+    for (size_t i = 0; i < sizeof sanitizers / sizeof sanitizers[0]; i++)
+        sanitized = sanitized || dlsym(global, sanitizers[i]) != NULL;
+    dlclose(global);
+    if (bound[0] == NULL || sanitized || defined_next_to_ddheap(bound[0]))
+        return EBUSY;
     void *wrappers[N_REPLACEMENTS] = {
-        AS_DATA(wrap_malloc),         AS_DATA(wrap_free),     AS_DATA(wrap_calloc),
-        AS_DATA(wrap_realloc),        AS_DATA(wrap_reallocarray),
-        AS_DATA(wrap_posix_memalign), AS_DATA(wrap_memalign), AS_DATA(wrap_memalign),
-        AS_DATA(wrap_valloc),         AS_DATA(wrap_pvalloc),  AS_DATA(wrap_dlopen),
+#define DDHEAP_FAMILY(name, class, via) AS_DATA(wrap_##name),
+#define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
+#include "malloc_family.def"
+#undef DDHEAP_FAMILY
+#undef DDHEAP_FAMILY_C23
+        AS_DATA(wrap_dlopen),
         AS_DATA(wrap_dlmopen),
     };
-    void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
-    if (libc == NULL)
-        return false;
-    for (size_t i = 0; i < N_REPLACEMENTS; i++) {
-        replacements[i].wrapper = wrappers[i];
-        replacements[i].real = dlsym(libc, replacements[i].name);
+    pthread_mutex_lock(&lock);
+    if (!bindings_known) {
+        target = found;
+        for (size_t i = 0; i < N_REPLACEMENTS; i++) {
+            replacements[i].wrapper = wrappers[i];
+            replacements[i].bound = bound[i];
+        }
+        bindings_known = true;
     }
-    dlclose(libc); /* RTLD_NOLOAD took a reference: give it back */
-    return true;
+    pthread_mutex_unlock(&lock);
+    return 0;
 }
 
 static const struct replacement *replacement_for(const char *name)
@@ -243,7 +284,6 @@ static struct saved_slot *saved;
 static size_t n_saved;
 static bool active;
 static int failure; /* first error met by a callback (errno value) */
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t hash_name(const char *name)
 {
@@ -265,6 +305,126 @@ static bool ensure_table(void)
     return true;
 }
 
+/* --- which objects may be rewritten, and which of their lazy slots ---
+ *
+ * Before a rewrite, without ddheap's lock, each loaded object is opened
+ * again by name (RTLD_NOLOAD) and asked what its own lookup scope binds
+ * each name to. Two things are learnt:
+ *  - the object is complete: dlopen takes the loader's lock, so an object
+ *    another thread is still loading (relocating, with its RELRO pages
+ *    still writable for the dynamic linker) is waited for, or gone. Only
+ *    objects found complete here are rewritten;
+ *  - a lazy slot (still pointing into the object's own PLT) will resolve,
+ *    at its first call, to the global binding only if the object's own
+ *    scope gives the same answer: an object opened with RTLD_DEEPBIND
+ *    searches its own scope first, any other object the global scope
+ *    first, so agreement of both means the slot is bound to the function
+ *    the wrapper forwards to whichever way it is resolved. Where they
+ *    disagree the slot is left alone.
+ * The list lives in an mmap'ed area of its own for each scan: two threads
+ * may scan at once (a rescan inside a constructor, a call from another
+ * thread), and nothing here may use the heap it hooks. */
+
+struct scanned {
+    uintptr_t base;
+    uint64_t name_hash;
+    uint32_t lazy_ok;  /* bit i: replacements[i] resolves to its binding */
+    uint32_t name_at;  /* offset of the object's name in the name area */
+    bool complete;     /* found loaded, at `base`, by open_again() */
+};
+
+struct scan {
+    struct scanned *objects;
+    size_t count, capacity;
+    char *names;
+    size_t names_used, names_capacity;
+    size_t mapped; /* bytes of the one mapping, 0 if none */
+};
+
+static int count_object(struct dl_phdr_info *info, size_t size, void *ctx)
+{
+    (void)size;
+    struct scan *scan = ctx;
+    scan->capacity++;
+    scan->names_capacity += strlen(info->dlpi_name != NULL ? info->dlpi_name : "") + 1;
+    return 0;
+}
+
+static int list_object(struct dl_phdr_info *info, size_t size, void *ctx)
+{
+    (void)size;
+    struct scan *scan = ctx;
+    const char *name = info->dlpi_name != NULL ? info->dlpi_name : "";
+    size_t length = strlen(name) + 1;
+    if (scan->count == scan->capacity || scan->names_capacity - scan->names_used < length)
+        return 0; /* loaded since the count: rewritten at the next scan */
+    memcpy(scan->names + scan->names_used, name, length);
+    scan->objects[scan->count++] = (struct scanned){info->dlpi_addr, hash_name(name), 0,
+                                                    (uint32_t)scan->names_used, false};
+    scan->names_used += length;
+    return 0;
+}
+
+/* The object as the loader knows it now, if it is the one at `base`. */
+static void *open_again(const char *name, uintptr_t base)
+{
+    void *handle = name[0] == '\0' ? dlopen(NULL, RTLD_LAZY) /* the executable */
+                                   : dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+    struct link_map *map = NULL;
+    if (handle != NULL && (dlinfo(handle, RTLD_DI_LINKMAP, &map) != 0 || map->l_addr != base)) {
+        dlclose(handle);
+        return NULL;
+    }
+    return handle;
+}
+
+static bool scan_objects(struct scan *scan)
+{
+    memset(scan, 0, sizeof *scan);
+    dl_iterate_phdr(count_object, scan);
+    scan->capacity += 8; /* a few loaded between the two walks */
+    scan->names_capacity += 8 * 256;
+    size_t objects_bytes = scan->capacity * sizeof *scan->objects;
+    size_t bytes = objects_bytes + scan->names_capacity;
+    void *area = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (area == MAP_FAILED)
+        return false;
+    scan->mapped = bytes;
+    scan->objects = area;
+    scan->names = (char *)area + objects_bytes;
+    dl_iterate_phdr(list_object, scan);
+    for (size_t i = 0; i < scan->count; i++) {
+        struct scanned *o = &scan->objects[i];
+        void *handle = open_again(scan->names + o->name_at, o->base);
+        if (handle == NULL)
+            continue; /* gone, replaced, or not openable (the vDSO): not ours */
+        o->complete = true;
+        for (size_t r = 0; r < N_REPLACEMENTS; r++)
+            if (replacements[r].bound != NULL &&
+                dlsym(handle, replacements[r].name) == replacements[r].bound)
+                o->lazy_ok |= UINT32_C(1) << r;
+        dlclose(handle);
+    }
+    return true;
+}
+
+static void scan_done(struct scan *scan)
+{
+    if (scan->mapped != 0)
+        munmap(scan->objects, scan->mapped);
+    scan->mapped = 0;
+}
+
+static const struct scanned *scanned_object(const struct scan *scan, uintptr_t base,
+                                            uint64_t name_hash)
+{
+    for (size_t i = 0; i < scan->count; i++)
+        if (scan->objects[i].complete && scan->objects[i].base == base &&
+            scan->objects[i].name_hash == name_hash)
+            return &scan->objects[i];
+    return NULL;
+}
+
 /* --- one object --- */
 
 struct object {
@@ -276,6 +436,7 @@ struct object {
     size_t sizes[2];
     uintptr_t relro_start, relro_end; /* 0, 0 when none */
     const struct dl_phdr_info *info;
+    const struct scanned *scanned; /* what the scan learnt of it (rewrite only) */
 };
 
 /* glibc relocates the address entries of a loaded object's dynamic section
@@ -350,7 +511,7 @@ static int write_slot(const struct object *o, uintptr_t slot, uintptr_t value)
     /* The dynamic linker protects whole pages from the start of RELRO
      * rounded down to its end rounded down: a slot in a last partial page
      * stays writable, and must not be made read-only here. */
-    uintptr_t page_size = (uintptr_t)ddheap_libc_page_size();
+    uintptr_t page_size = (uintptr_t)ddheap_family_page_size();
     uintptr_t relro_start = o->relro_start & ~(page_size - 1);
     uintptr_t relro_end = o->relro_end & ~(page_size - 1);
     bool relro = slot >= relro_start && slot < relro_end;
@@ -364,7 +525,9 @@ static int write_slot(const struct object *o, uintptr_t slot, uintptr_t value)
 }
 
 /* Calls `visit` on every GOT slot of `o` that belongs to a replaced
- * function imported (not defined) by it. */
+ * function: imported by it, or (in the allocator itself, glibc's libc.so
+ * with strdup, fopen, ...) called by it through its own GOT. Whether the
+ * slot is bound to what the wrapper forwards to is visit's to check. */
 static void for_each_slot(const struct object *o,
                           void (*visit)(const struct object *, uintptr_t slot,
                                         const struct replacement *r))
@@ -380,15 +543,8 @@ static void for_each_slot(const struct object *o,
             if (ELF64_ST_TYPE(sym->st_info) == STT_OBJECT)
                 continue;
             const struct replacement *r = replacement_for(o->strtab + sym->st_name);
-            if (r == NULL)
-                continue;
-            /* An object that defines the function itself keeps it, unless
-             * the definition is glibc's own: libc.so's calls to its malloc
-             * (strdup, fopen, ...) go through such slots. */
-            if (sym->st_shndx != SHN_UNDEF &&
-                (r->real == NULL || o->base + sym->st_value != (uintptr_t)r->real))
-                continue;
-            visit(o, o->base + rel[i].r_offset, r);
+            if (r != NULL)
+                visit(o, o->base + rel[i].r_offset, r);
         }
     }
 }
@@ -400,12 +556,16 @@ static void rewrite_slot(const struct object *o, uintptr_t slot, const struct re
     uintptr_t current = __atomic_load_n((uintptr_t *)slot, __ATOMIC_ACQUIRE);
     if (is_wrapper(current))
         return; /* rewritten already (a rescan) */
-    /* Only a slot bound to glibc's function, or not bound yet (a lazy slot
-     * points into its own object's PLT), is ours to rewrite. A slot bound
-     * elsewhere (jemalloc in an RTLD_DEEPBIND or local scope, a copy of the
-     * function, an object ld.so has not relocated yet) keeps its binding:
-     * a wrapper over glibc there would hand glibc blocks it never made. */
-    if (current != (uintptr_t)r->real && !contains(o->info, current))
+    /* Only a slot bound to exactly the function the wrapper forwards to,
+     * or lazy (pointing into its own object's PLT) in an object whose
+     * scope resolves the name to that function, is ours to rewrite. A slot
+     * bound elsewhere (an allocator of its own in an RTLD_DEEPBIND or
+     * local scope, a copy of the function) keeps its binding: a wrapper
+     * there would hand one allocator's blocks to another. */
+    uint32_t bit = UINT32_C(1) << (r - replacements);
+    bool bound = r->bound != NULL && current == (uintptr_t)r->bound;
+    bool lazy = contains(o->info, current) && (o->scanned->lazy_ok & bit) != 0;
+    if (!bound && !lazy)
         return;
     if (n_saved == MAX_SAVED) {
         if (failure == 0)
@@ -424,19 +584,42 @@ static void rewrite_slot(const struct object *o, uintptr_t slot, const struct re
 static int rewrite_object(struct dl_phdr_info *info, size_t size, void *ctx)
 {
     (void)size;
-    (void)ctx;
+    const struct scan *scan = ctx;
     struct object o;
-    if (!skipped(info) && read_object(info, &o))
+    if (skipped(info) || !read_object(info, &o))
+        return 0;
+    o.scanned = scanned_object(scan, o.base, hash_name(o.name));
+    if (o.scanned != NULL)
         for_each_slot(&o, rewrite_slot);
     return 0;
 }
 
+/* Scans (without the lock), then rewrites under it if interposition is
+ * (still) on. Returns the first error, as dd_heap_interpose_libc(). */
+static int scan_and_rewrite(bool turn_on)
+{
+    struct scan scan;
+    if (!scan_objects(&scan))
+        return ENOMEM;
+    pthread_mutex_lock(&lock);
+    int result = 0;
+    if (turn_on && !ensure_table()) {
+        result = ENOMEM;
+    } else if (turn_on || active) {
+        failure = 0;
+        __atomic_store_n(&active, true, __ATOMIC_RELAXED);
+        dl_iterate_phdr(rewrite_object, &scan);
+        result = failure;
+    }
+    pthread_mutex_unlock(&lock);
+    scan_done(&scan);
+    return result;
+}
+
 static void rescan_after_load(void)
 {
-    pthread_mutex_lock(&lock);
-    if (active)
-        dl_iterate_phdr(rewrite_object, NULL);
-    pthread_mutex_unlock(&lock);
+    if (__atomic_load_n(&active, __ATOMIC_RELAXED))
+        (void)scan_and_rewrite(false);
 }
 
 /* --- restore --- */
@@ -463,20 +646,6 @@ static int restore_object(struct dl_phdr_info *info, size_t size, void *ctx)
     return 0;
 }
 
-/* malloc & co. as the process binds them must be glibc's: if another
- * allocator (jemalloc, tcmalloc, libddheap_preload.so) serves the
- * process, wrappers over glibc's functions would mix two heaps. */
-static bool process_uses_glibc_malloc(void)
-{
-    static const char *const names[] = {"malloc", "free", "calloc", "realloc"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        const struct replacement *r = replacement_for(names[i]);
-        if (r->real == NULL || dlsym(RTLD_DEFAULT, names[i]) != r->real)
-            return false;
-    }
-    return true;
-}
-
 /* A child forked while another thread held the lock would wait for it for
  * ever at its first dlopen (the rescan): only the forking thread is left. */
 static void reset_lock_in_child(void)
@@ -492,27 +661,18 @@ static void say(const char *line)
 
 int dd_heap_interpose_libc(void)
 {
-    static bool atfork_registered;
-    pthread_mutex_lock(&lock);
-    int result = 0;
-    if (!atfork_registered)
-        atfork_registered = pthread_atfork(NULL, NULL, reset_lock_in_child) == 0;
-    if (!fill_replacements() || !process_uses_glibc_malloc()) {
-        say("ddheap: dd_heap_interpose_libc: malloc in this process is not glibc's "
-            "(another allocator, or libddheap_preload.so, is loaded); nothing rewritten\n");
-        result = EBUSY;
-    } else if (!ensure_table()) {
-        result = ENOMEM;
-    } else {
-        ddheap_process_init();
-        bind_glibc_entry_points();
-        failure = 0;
-        active = true;
-        dl_iterate_phdr(rewrite_object, NULL);
-        result = failure;
-    }
-    pthread_mutex_unlock(&lock);
-    return result;
+    static int atfork_registered;
+    if (__atomic_exchange_n(&atfork_registered, 1, __ATOMIC_ACQ_REL) == 0)
+        (void)pthread_atfork(NULL, NULL, reset_lock_in_child);
+    int result = find_bindings();
+    if (result == EBUSY)
+        say("ddheap: dd_heap_interpose_libc: malloc in this process already runs the ddheap "
+            "hooks (libddheap_preload.so, or a program that wires them itself) or is a "
+            "sanitizer's; nothing rewritten\n");
+    if (result != 0)
+        return result;
+    ddheap_process_init();
+    return scan_and_rewrite(true);
 }
 
 int dd_heap_interpose_libc_stop(void)
@@ -521,7 +681,7 @@ int dd_heap_interpose_libc_stop(void)
     int result = 0;
     if (active) {
         failure = 0;
-        active = false;
+        __atomic_store_n(&active, false, __ATOMIC_RELAXED);
         dl_iterate_phdr(restore_object, NULL);
         n_saved = 0;
         result = failure;

@@ -7,7 +7,8 @@ start) and a shell pipeline of coreutils (fork and exec).
 
 Tests that need no tracer (suite 'unit'):
   exports    the library exports the malloc family and the shared state only
-  run        ddheap-run: LD_PRELOAD extended, not replaced; the PID it prints
+  run        ddheap-run: the library put first in LD_PRELOAD, what was there
+             kept after it; the PID it prints
              is the program's; the exit status passes through
   same       each program prints the same with and without the library,
              sampling on (interval 1 and default) or off
@@ -52,6 +53,7 @@ class Build:
         self.wrapper = args[7]
         self.providers = [p for p in args[8].split(",") if p]
         self.cpu = args[9]
+        self.family = family_names(args[10])
         self.notes = harness.stapsdt.read(self.lib)
         sites = {n.name: n.location for n in self.notes if n.provider == "ddheap"}
         self.sites = [str(sites["alloc"]), str(sites["free"])]
@@ -59,6 +61,13 @@ class Build:
     def balance(self, size=0):
         """balance.bt and its arguments for this library."""
         return os.path.join(HERE, "balance.bt"), [self.lib, str(size)] + self.sites
+
+
+def family_names(family_def):
+    """(name, c23) for each entry point of the malloc family's table."""
+    with open(family_def) as f:
+        return [(m.group(2), m.group(1) == "_C23")
+                for m in map(re.compile(r"^DDHEAP_FAMILY(_C23)?\((\w+),").match, f) if m]
 
 
 def python_cmd():
@@ -104,10 +113,9 @@ def test_exports(c, b):
     out = subprocess.run([b.nm, "-D", "--defined-only", b.lib], capture_output=True, text=True,
                          check=True).stdout
     got = sorted(l.split()[-1] for l in out.splitlines() if l.strip())
-    want = ["aligned_alloc", "calloc", "free", "malloc", "malloc_usable_size", "memalign",
-            "posix_memalign", "pvalloc", "realloc", "reallocarray", "valloc"]
-    if b.free_sized:
-        want += ["free_aligned_sized", "free_sized"]
+    # The table's names (the C23 ones when the C library has them), and
+    # nothing the allocator alone answers for (malloc_usable_size & co.).
+    want = [name for name, c23 in b.family if b.free_sized or not c23]
     state = ("ddheap_shared_v", "ddheap_rate_v")
     family = [s for s in got if not s.startswith(state)]
     c.equal(family, sorted(want), "exported functions")
@@ -129,7 +137,7 @@ def test_run(c, b):
                        capture_output=True, text=True, env=env, timeout=60)
     c.equal(p.returncode, 3, "exit status of the command")
     pid, preload = p.stdout.split()
-    c.equal(preload, f"{b.plugin}:{b.lib}", "LD_PRELOAD seen by the command")
+    c.equal(preload, f"{b.lib}:{b.plugin}", "LD_PRELOAD seen by the command: the library first")
     m = re.search(r"pid (\d+)", p.stderr)
     c.check(m is not None and m.group(1) == pid, f"printed pid = the command's ({p.stderr!r})")
     c.check(f"ddheap-live.bt {b.lib} -p {pid}" in p.stderr, "prints the bpftrace line to attach")
@@ -262,7 +270,7 @@ NEEDS_TRACER = {"python", "cxx", "pipeline"}
 
 
 def main():
-    if len(sys.argv) != 12 or sys.argv[1] not in TESTS:
+    if len(sys.argv) != 13 or sys.argv[1] not in TESTS:
         print(__doc__)
         return 2
     name = sys.argv[1]
