@@ -14,13 +14,16 @@
 
 static void usage(FILE *to)
 {
-    fputs("usage: ddheap-prof [-p PID | -- CMD ARGS...] [-d SECONDS] [-o FILE.pb.gz]\n"
-          "                   [--svg FILE] [--folded FILE] [--provider ddheap|otel_memory]\n"
+    fputs("usage: ddheap-prof [-p PID | -- CMD ARGS...] [-f | --no-follow] [-d SECONDS]\n"
+          "                   [-o FILE.pb.gz] [--svg FILE] [--folded FILE]\n"
+          "                   [--provider ddheap|otel_memory]\n"
           "                   [--value inuse_space|alloc_space|inuse_objects|alloc_objects]\n"
           "                   [--ringbuf-kb KB] [-v]\n"
           "Profiles the heap of a ddheap-instrumented process; writes a gzipped pprof\n"
           "profile (default ddheap-prof.pb.gz) on Ctrl-C, after -d SECONDS, or when CMD\n"
-          "exits. --svg and --folded show --value (default inuse_space).\n",
+          "exits, with the pid of each sample as its label `pid`. -f follows the\n"
+          "processes it forks (the default with -- CMD; --no-follow: not). Exits with\n"
+          "CMD's status. --svg and --folded show --value (default inuse_space).\n",
           to);
 }
 
@@ -33,7 +36,8 @@ static void die_usage(const char *what)
 
 void dd_prof_parse_options(int argc, char **argv, struct options *o)
 {
-    enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_HELP };
+    enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_HELP,
+           OPT_NO_FOLLOW };
     static const struct option longs[] = {
         {"pid", required_argument, NULL, 'p'},       {"duration", required_argument, NULL, 'd'},
         {"output", required_argument, NULL, 'o'},    {"svg", required_argument, NULL, OPT_SVG},
@@ -42,13 +46,15 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         {"value", required_argument, NULL, OPT_VALUE},
         {"ringbuf-kb", required_argument, NULL, OPT_RINGBUF},
         {"verbose", no_argument, NULL, 'v'},         {"help", no_argument, NULL, OPT_HELP},
+        {"follow", no_argument, NULL, 'f'},
+        {"no-follow", no_argument, NULL, OPT_NO_FOLLOW},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.out_path = "ddheap-prof.pb.gz", .provider = "ddheap",
                           .value = DD_PROF_INUSE_SPACE, .ringbuf_kb = 16384};
-    int c;
+    int c, follow = -1;
     char *end;
     /* '+': stop at the first non-option, so CMD's own options stay its own. */
-    while ((c = getopt_long(argc, argv, "+p:d:o:v", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+p:d:o:vf", longs, NULL)) != -1) {
         switch (c) {
         case 'p': {
             errno = 0;
@@ -89,6 +95,8 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
                 die_usage("--ringbuf-kb needs a size in KiB, 4 to 2097152");
             break;
         case 'v': o->verbose = true; break;
+        case 'f': follow = 1; break;
+        case OPT_NO_FOLLOW: follow = 0; break;
         case OPT_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
@@ -97,4 +105,9 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         o->cmd = argv + optind;
     if ((o->pid != 0) == (o->cmd != NULL))
         die_usage(o->pid ? "give -p PID or -- CMD, not both" : "give -p PID or -- CMD");
+    /* A command's work is often done by the processes it starts (make,
+     * git, a shell script), and with ddheap-run or LD_PRELOAD they carry
+     * the probes too: following is the default. A running service's
+     * children are its own business unless asked for. */
+    o->follow = follow >= 0 ? follow == 1 : o->cmd != NULL;
 }

@@ -1,11 +1,13 @@
 /*
  * The BPF side and the event loop: loads the programs of
- * ddheap_prof.bpf.c, opens the ring buffer, and feeds each event into the
- * table (table.h) until the run ends, rescanning the process's mappings
- * for objects loaded later.
+ * ddheap_prof.bpf.c, attaches the process tracepoints, opens the ring
+ * buffers, and feeds each event into the table (table.h), or to process.c
+ * for forks, execs, exits and loader events, until the run ends,
+ * rescanning the processes' mappings for objects loaded later.
  */
 #include <bpf/libbpf.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -26,6 +28,7 @@
 #include "prof.h"
 
 #define RESCAN_MS 200
+#define DRAIN_MS 50
 
 static volatile sig_atomic_t stop_requested;
 
@@ -67,7 +70,10 @@ static int on_event(void *ctx, void *data, size_t size)
             frames[i] = a->frames[i];
         sample.size = a->size;
         sample.weight = a->weight;
-        if (h->ptr != 0 && dd_prof_table_alloc(&p->table, &sample, frames, n))
+        struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)h->tgid);
+        if (proc)
+            proc->samples++;
+        if (proc == NULL || (h->ptr != 0 && dd_prof_table_alloc(&p->table, &sample, frames, n)))
             p->oom = true;
     }
     return 0;
@@ -88,7 +94,7 @@ int dd_prof_setup_bpf(struct prof *p)
         fprintf(stderr, "ddheap-prof: cannot open the BPF object: %s\n", strerror(errno));
         return -1;
     }
-    p->skel->rodata->target_tgid = (uint32_t)p->pid;
+    p->skel->rodata->follow_children = p->opt.follow;
     /* A ring buffer's size is a power of two, at least a page. */
     unsigned long bytes = 4096;
     while (bytes < p->opt.ringbuf_kb * 1024)
@@ -99,22 +105,58 @@ int dd_prof_setup_bpf(struct prof *p)
         fprintf(stderr, "ddheap-prof: cannot load the BPF programs: %s\n", strerror(errno));
         return -1;
     }
-    p->rb = ring_buffer__new(bpf_map__fd(p->skel->maps.events), on_event, p, NULL);
-    if (p->rb == NULL) {
+    /* The process events first: each consume reads a fork before the
+     * allocations of the child it made. */
+    p->rb = ring_buffer__new(bpf_map__fd(p->skel->maps.proc_events), dd_prof_on_proc_event, p,
+                             NULL);
+    if (p->rb == NULL ||
+        ring_buffer__add(p->rb, bpf_map__fd(p->skel->maps.events), on_event, p) != 0) {
         fprintf(stderr, "ddheap-prof: cannot open the ring buffer: %s\n", strerror(errno));
         return -1;
+    }
+    struct bpf_program *tracepoints[] = {p->opt.follow ? p->skel->progs.on_fork : NULL,
+                                         p->skel->progs.on_exec, p->skel->progs.on_exit};
+    for (size_t i = 0; i < sizeof tracepoints / sizeof *tracepoints; i++) {
+        if (tracepoints[i] == NULL)
+            continue;
+        struct bpf_link *l = bpf_program__attach(tracepoints[i]);
+        if (l == NULL) {
+            fprintf(stderr, "ddheap-prof: cannot attach %s: %s\n",
+                    bpf_program__name(tracepoints[i]), strerror(errno));
+            return -1;
+        }
+        p->tracepoint_links[i] = l;
     }
     return 0;
 }
 
+int dd_prof_follow(struct prof *p, pid_t tgid, uint32_t flags)
+{
+    uint32_t key = (uint32_t)tgid;
+    return bpf_map__update_elem(p->skel->maps.followed, &key, sizeof key, &flags, sizeof flags,
+                                BPF_ANY);
+}
+
 void dd_prof_teardown_bpf(struct prof *p)
 {
+    for (size_t i = 0; i < sizeof p->tracepoint_links / sizeof *p->tracepoint_links; i++)
+        bpf_link__destroy(p->tracepoint_links[i]);
     ring_buffer__free(p->rb);
     ddheap_prof_bpf__destroy(p->skel);
 }
 
+/* Whether the target has ended: our command has exited (its pidfd says
+ * so at once), or the -p process is gone. */
+static bool target_ended(struct prof *p, bool pidfd_ready, int *status)
+{
+    if (p->child)
+        return pidfd_ready && dd_prof_reap_command(p, status);
+    struct dd_prof_proc *target = dd_prof_proc_of(p, p->pid);
+    return (target && target->gone) || dd_prof_process_gone(p->pid);
+}
+
 /* Runs until Ctrl-C, -d, the process's end or a failure (prof.h). */
-bool dd_prof_run_loop(struct prof *p, bool *exited, int *status, bool *exec_seen)
+bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
 {
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
@@ -123,26 +165,42 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status, bool *exec_seen
         p->opt.duration > 0 ? p->started_mono + (int64_t)(p->opt.duration * 1e9) : 0;
     int64_t next_scan = dd_prof_now_ns(CLOCK_MONOTONIC) + RESCAN_MS * 1000000LL;
     bool cut_short = false;
+    /* Woken by the process events (each wakes the reader), by allocation
+     * events once a quarter of their buffer waits, by the command's exit;
+     * otherwise every DRAIN_MS to read what waits. */
+    struct pollfd fds[2] = {{.fd = ring_buffer__epoll_fd(p->rb), .events = POLLIN},
+                            {.fd = p->child ? p->child_pidfd : -1, .events = POLLIN}};
     while (!stop_requested && !*exited && !p->oom) {
-        int got = ring_buffer__poll(p->rb, 50);
+        int64_t now = dd_prof_now_ns(CLOCK_MONOTONIC);
+        int64_t wait_ns = DRAIN_MS * 1000000LL;
+        if (deadline && deadline - now < wait_ns)
+            wait_ns = deadline - now > 0 ? deadline - now : 0;
+        int ready = poll(fds, 2, (int)((wait_ns + 999999) / 1000000));
+        if (ready < 0 && errno != EINTR) {
+            fprintf(stderr, "ddheap-prof: poll: %s\n", strerror(errno));
+            cut_short = true;
+            break;
+        }
+        int got = ring_buffer__consume(p->rb);
         if (got < 0 && got != -EINTR) {
             fprintf(stderr, "ddheap-prof: reading the ring buffer: %s\n", strerror(-got));
             cut_short = true;
             break;
         }
-        int64_t now = dd_prof_now_ns(CLOCK_MONOTONIC);
-        if (p->child)
-            *exited = dd_prof_child_events(p, status, exec_seen);
-        else
-            *exited = dd_prof_process_gone(p->pid);
-        if (deadline && now >= deadline)
+        now = dd_prof_now_ns(CLOCK_MONOTONIC);
+        *exited = target_ended(p, ready > 0 && (fds[1].revents & POLLIN), status);
+        if (deadline && now >= deadline) {
+            p->interrupted = true;
             break;
+        }
         if (!*exited && now >= next_scan) {
-            dd_prof_rescan(p);
+            dd_prof_rescan_all(p);
             next_scan = now + RESCAN_MS * 1000000LL;
         }
     }
-    /* Everything the programs wrote before the end is in the buffer. */
+    if (stop_requested)
+        p->interrupted = true;
+    /* Everything the programs wrote before the end is in the buffers. */
     ring_buffer__consume(p->rb);
     if (p->oom) {
         fprintf(stderr, "ddheap-prof: out of memory: the profile stops here\n");
