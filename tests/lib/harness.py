@@ -393,3 +393,16 @@ def sigma(truth_sizes, site, field, interval):
             p = -math.expm1(-size / interval)
             var += v[field] * size * size * (1 - p) / p
     return math.sqrt(var)
+
+
+def run_checks(name, test, *args):
+    """Runs test(checker, *args) with a Checker called name, a Failure
+    counting as one failed check; prints the tally and returns the exit
+    status: 1 if anything failed or nothing was checked, else 0."""
+    c = Checker(name)
+    try:
+        test(c, *args)
+    except Failure as e:
+        c.check(False, str(e))
+    print(f"{c.passed} passed, {c.failed} failed")
+    return 1 if c.failed or not c.passed else 0

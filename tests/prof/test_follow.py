@@ -15,13 +15,12 @@ only when not root, and fails when go is missing. Ends with
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from harness import Checker, Failure
+from harness import Failure, run_checks
 
 TIMEOUT = 120
 
@@ -358,13 +357,7 @@ def main():
         print("SKIP: ddheap-prof loads BPF programs and needs root")
         return 77
     os.makedirs(artifacts, exist_ok=True)
-    c = Checker(name)
-    try:
-        TESTS[name](c, prof, artifacts, sys.argv[4:])
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    return run_checks(name, TESTS[name], prof, artifacts, sys.argv[4:])
 
 
 if __name__ == "__main__":
