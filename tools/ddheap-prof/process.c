@@ -285,8 +285,13 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
             break;
         }
         proc = dd_prof_proc_of(p, (pid_t)h->tgid); /* parent's growth may move it */
+        /* (Its first samples may have been read before its fork: the two
+         * ring buffers are read one after the other.) */
+        uint64_t samples = proc->samples;
         dd_prof_objects_free(&proc->objs);
-        *proc = (struct dd_prof_proc){.tgid = (pid_t)h->tgid, .parent = (pid_t)h->ptr};
+        free(proc->name);
+        *proc = (struct dd_prof_proc){.tgid = (pid_t)h->tgid, .parent = (pid_t)h->ptr,
+                                      .samples = samples};
         if (parent->name)
             proc->name = strdup(parent->name);
         if (dd_prof_objects_copy(&proc->objs, &parent->objs) != 0)
