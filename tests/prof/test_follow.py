@@ -329,6 +329,12 @@ def test_outputs(c, prof, artifacts, extra):
          "was killed by signal 15")
     case("a command that does not exist", ["--", "/nonexistent-program"], 127,
          "cannot run /nonexistent-program")
+    not_executable = os.path.join(artifacts, "not-executable.txt")
+    with open(not_executable, "w") as f:
+        f.write("data\n")
+    os.chmod(not_executable, 0o644)
+    case("a command that is not executable", ["--", not_executable], 126,
+         f"cannot run {not_executable}: Permission denied")
     case("an --svg that cannot be written", ["--", forker, "1", "0"], 1,
          "cannot write /nonexistent-dir/x.svg", ("x.pb.gz", "/nonexistent-dir/x.svg"))
     case("a --folded that is a directory", ["--", forker, "1", "0"], 1,

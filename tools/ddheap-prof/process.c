@@ -183,7 +183,7 @@ int dd_prof_release_command(struct prof *p)
     if (got == (ssize_t)sizeof e) {
         waitpid(p->pid, NULL, 0);
         fprintf(stderr, "ddheap-prof: cannot run %s: %s\n", p->opt.cmd[0], strerror(e));
-        return 127;
+        return e == ENOENT ? 127 : 126; /* a shell's statuses */
     }
     return 0;
 }

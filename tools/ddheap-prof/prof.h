@@ -98,8 +98,8 @@ void dd_prof_record_signals(void);
  * is followed (and stopped at each exec) from then on. Returns 0, or the
  * exit status to end with (the message printed). */
 int dd_prof_start_command(struct prof *p);
-/* Lets the command go to its exec; returns 0, or 127 if it could not be
- * run (message printed). */
+/* Lets the command go to its exec; returns 0, or 127 (not found) or 126
+ * (not runnable) if it could not be run (message printed). */
 int dd_prof_release_command(struct prof *p);
 /* The process entry of tgid, added if new (NULL when out of memory). */
 struct dd_prof_proc *dd_prof_proc_of(struct prof *p, pid_t tgid);
