@@ -6,7 +6,8 @@
  * Each process prints its pid and its site's truth (at DD_HEAP_SAMPLING_
  * INTERVAL=1 the profile must hold exactly that, under that pid).
  *
- *   prof-forker COUNT EXIT_STATUS
+ *   prof-forker COUNT EXIT_STATUS      (PROF_FORKER_WAIT=1: waits for a
+ *                                       line on stdin first)
  *   prof-forker --exec-child COUNT     (what the second child runs)
  */
 #define _POSIX_C_SOURCE 200809L
@@ -60,6 +61,14 @@ int main(int argc, char **argv)
         return 2;
     unsigned count = (unsigned)strtoul(argv[1], NULL, 10);
     int status = atoi(argv[2]);
+    if (getenv("PROF_FORKER_WAIT")) {
+        /* For a profiler attaching with -p: starts when told. */
+        char line[16];
+        printf("forker: ready\n");
+        fflush(stdout);
+        if (fgets(line, sizeof line, stdin) == NULL)
+            return 2;
+    }
     /* The forked child is made before the parent's first allocation and
      * waits for it: Linux 6.18 optimises a uprobe on a 5-byte nop into a
      * call to a trampoline page after its first hit, and a child forked

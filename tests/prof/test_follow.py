@@ -124,6 +124,41 @@ def test_follow(c, prof, artifacts, extra):
             "--no-follow: the command's own pid only")
 
 
+def test_pid_follow(c, prof, artifacts, extra):
+    """-p PID -f: a running process, and the processes it forks from then
+    on, each under its pid; without -f, the process alone."""
+    (forker,) = extra
+    for follow in (True, False):
+        what = "-p -f" if follow else "-p"
+        pb = os.path.join(artifacts, "pid-follow.pb.gz" if follow else "pid-alone.pb.gz")
+        err = tempfile.NamedTemporaryFile(mode="w+", prefix="ddheap-follow-")
+        w = subprocess.Popen([forker, "30", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PROF_FORKER_WAIT": "1",
+                                             "DD_HEAP_SAMPLING_INTERVAL": "1"})
+        p = None
+        try:
+            if w.stdout.readline().strip() != "forker: ready":
+                raise Failure("prof-forker did not start")
+            p = subprocess.Popen([prof, "-p", str(w.pid), "-o", pb] + (["-f"] if follow else []),
+                                 stderr=err, text=True)
+            wait_for_text(err.name, "profiling pid", p)
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            out = w.stdout.read()
+            c.equal(w.wait(timeout=TIMEOUT), 0, f"{what}: the program's exit status")
+            c.equal(p.wait(timeout=TIMEOUT), 0, f"{what}: ddheap-prof's exit status")
+        finally:
+            for proc in (w, p):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        truth = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
+            r"pid (\d+) site \S+ alloc_bytes (\d+)", out)}
+        want = truth if follow else {w.pid: truth.get(w.pid)}
+        c.equal(per_pid(traces(pb, "alloc_space")), want,
+                f"{what}: alloc_space per pid label")
+
+
 def test_git(c, prof, artifacts, extra):
     """`ddheap-prof -f -- ddheap-run git gc` on a small repository: git gc
     does its work in children (pack-objects, repack, ...), which carry the
@@ -350,7 +385,7 @@ def test_outputs(c, prof, artifacts, extra):
         shutil.rmtree(where, ignore_errors=True)
 
 
-TESTS = {"follow": test_follow, "git": test_git, "signals": test_signals,
+TESTS = {"follow": test_follow, "pid-follow": test_pid_follow, "git": test_git, "signals": test_signals,
          "namespace": test_namespace, "deleted": test_deleted, "outputs": test_outputs}
 
 
