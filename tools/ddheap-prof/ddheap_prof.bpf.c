@@ -1,7 +1,12 @@
 /*
- * ddheap-prof, kernel side: two USDT programs, attached to a process's
- * `alloc` and `free` probes (provider `ddheap` or `otel_memory`), that copy
- * each event into a BPF ring buffer for the user side (loop.c).
+ * ddheap-prof, kernel side: two USDT programs, attached to the `alloc` and
+ * `free` probes (provider `ddheap` or `otel_memory`) of the followed
+ * processes, that copy each event into a BPF ring buffer for the user side
+ * (loop.c); and the programs that keep the set of followed processes and
+ * tell the user side about them (forks, execs, exits, the dynamic
+ * loader's link-map changes), stopping ddheap-prof's own child at the
+ * points where its new objects must be attached before it runs on
+ * (process.c).
  *
  * Nothing is aggregated here: the table of live sampled blocks lives in
  * user space, so its size is bounded by memory, not by a map's key count.
