@@ -162,7 +162,8 @@ static bool hook_loader(struct prof *p, pid_t pid, const struct dd_prof_object *
         return false;
     char path[96];
     map_files_path(path, sizeof path, pid, o);
-    LIBBPF_OPTS(bpf_uprobe_opts, opts, .bpf_cookie = (uint64_t)to_state);
+    /* (Not LIBBPF_OPTS: a statement expression, which -Wpedantic refuses.) */
+    struct bpf_uprobe_opts opts = {.sz = sizeof opts, .bpf_cookie = (uint64_t)to_state};
     struct bpf_link *l =
         bpf_program__attach_uprobe_opts(p->skel->progs.on_loader, uprobe_pid(p), path,
                                         (size_t)offset, &opts);

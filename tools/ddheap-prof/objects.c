@@ -1,7 +1,8 @@
 /*
- * Reading /proc/PID/maps into dd_prof_objects (objects.h), and the two
- * things ddheap-prof needs from an object's ELF headers: whether its
- * .note.stapsdt carries the probes, and its GNU build id.
+ * Reading /proc/PID/maps into dd_prof_objects (objects.h), and what
+ * ddheap-prof needs from an object's ELF headers: whether its
+ * .note.stapsdt carries the probes, its GNU build id, and, for glibc's
+ * dynamic loader, where its debugger hook is.
  */
 #include "objects.h"
 

@@ -141,8 +141,13 @@ static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
     char c_lost[256], c_what[256], c_counts[256];
-    snprintf(c_what, sizeof c_what, "ddheap-prof: pid %d, provider %s, interval %" PRIu64,
-             (int)p->pid, p->opt.provider, interval);
+    snprintf(c_what, sizeof c_what,
+             "ddheap-prof: pid %d, processes %zu (label pid), provider %s, interval %" PRIu64,
+             (int)p->pid, p->proc_ids.n, p->opt.provider, interval);
+    uint64_t lost_proc = p->skel->bss->lost_proc;
+    if (lost_proc)
+        fprintf(stderr, "ddheap-prof: LOST %" PRIu64 " process events (forks, execs): some "
+                        "processes may be missing or unsymbolised\n", lost_proc);
     snprintf(c_lost, sizeof c_lost,
              "ddheap-prof: lost events: %" PRIu64 " (alloc %" PRIu64 ", free %" PRIu64
              "; ring buffer %lu KiB)",
