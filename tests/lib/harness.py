@@ -396,9 +396,9 @@ def sigma(truth_sizes, site, field, interval):
 
 
 def run_checks(name, test, *args):
-    """Runs test(checker, *args); a Failure it raises is one failed check.
-    Prints the totals and returns the exit status (1 if anything failed or
-    nothing was checked)."""
+    """Runs test(checker, *args) with a Checker called name, a Failure
+    counting as one failed check; prints the tally and returns the exit
+    status: 1 if anything failed or nothing was checked, else 0."""
     c = Checker(name)
     try:
         test(c, *args)
