@@ -175,8 +175,12 @@ def test_c_children(c, prof, preload, run, artifacts):
                           os.path.join(artifacts, "unwind_sites_children"))
     truths = [os.path.join(artifacts, f"c-children-{i}.truth") for i in (1, 2)]
     script = f'"$0" {truths[0]} 1000 & "$0" {truths[1]} 1000 & wait'
-    pb, _, _ = profile(prof, [], ["sh", "-c", script, exe], artifacts, "c-children",
-                       {"LD_PRELOAD": preload})
+    # Both runs together send about 25 MB of stack copies in a fraction of
+    # a second: a ring buffer that holds them all, so that no event is lost
+    # whatever the reader's speed (a debug build unwinds slower).
+    pb, err, _ = profile(prof, ["--ringbuf-kb", "65536"], ["sh", "-c", script, exe], artifacts,
+                         "c-children", {"LD_PRELOAD": preload})
+    print("--- ddheap-prof's stderr\n" + err)
     raw = read_raw(pb)
     k = raw["types"].index("alloc_space")
     by_pid = {}
@@ -184,6 +188,7 @@ def test_c_children(c, prof, preload, run, artifacts):
         names = [f for i in ids for f in raw["locs"][i]["functions"]]
         if any(site in names for site in C_SITES):
             by_pid.setdefault(labels.get("pid"), []).append((values[k], names))
+    c.check("LOST" not in err, "no event lost")
     c.check(len(by_pid) == 2 and None not in by_pid,
             f"the sites' samples come from two pids, each labelled: {sorted(map(str, by_pid))}")
     for pid, sts in sorted(by_pid.items(), key=lambda x: str(x[0])):
