@@ -32,10 +32,11 @@ def pprof(profile, *args):
 
 
 def read_raw(profile):
-    """`pprof -raw`: sample types, samples (values, location ids), the
-    function (and file:line) of each location, mappings and comments."""
+    """`pprof -raw`: sample types, samples (values, location ids) and
+    their labels ({name: value} each), the function (and file:line) of
+    each location, mappings and comments."""
     text = pprof(profile, "-raw")
-    out = {"types": [], "samples": [], "locs": {}, "mappings": [], "comments": []}
+    out = {"types": [], "samples": [], "labels": [], "locs": {}, "mappings": [], "comments": []}
     section = None
     for line in text.splitlines():
         if line.startswith("Comment: "):
@@ -50,8 +51,13 @@ def read_raw(profile):
             out["types"] = [t.split("/")[0] for t in line.replace("[dflt]", "").split()]
             section = "samples"
         elif section == "samples":
+            label = re.match(r"^\s+(\w+):\[(.*)\]$", line)
+            if label:  # a label of the sample above: pid:[1234]
+                out["labels"][-1][label.group(1)] = label.group(2)
+                continue
             values, _, ids = line.partition(":")
             out["samples"].append(([int(v) for v in values.split()], [int(i) for i in ids.split()]))
+            out["labels"].append({})
         elif section == "locs":
             m = re.match(r"^\s*(\d+): (0x[0-9a-f]+)(?: M=(\d+))? (.+) (\S+) s=\d+(?:\(.*\))?$", line)
             if m:

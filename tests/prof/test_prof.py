@@ -485,7 +485,7 @@ def test_errors(c, prof, workload, artifacts, extra):
         sleeper.wait()
     expect(["-o", out, "--", "true"], 1, "never mapped an object with ddheap:alloc probes",
            "-- a command without probes")
-    expect(["-o", out, "--", "/nonexistent-program"], 1, "cannot run /nonexistent-program",
+    expect(["-o", out, "--", "/nonexistent-program"], 127, "cannot run /nonexistent-program",
            "-- a command that does not exist")
 
 

@@ -164,6 +164,47 @@ def test_c_o2(c, prof, preload, run, artifacts):
                       f"program has no frame pointers, so only CFI names its callers)")
 
 
+def test_c_children(c, prof, preload, run, artifacts):
+    """Two runs of the plain -O2 C program at once, forked and exec'd by a
+    shell (ddheap-prof follows it): each process's stacks are unwound with
+    its own objects (ASLR puts each run's program and libraries at their
+    own addresses), so in each, under its own pid label, every site is on
+    top under run_sites and main, and the sites' bytes over both runs are
+    within 5 sigma of the truth."""
+    exe = compile_program("cc", os.path.join(HERE, "unwind_sites.c"),
+                          os.path.join(artifacts, "unwind_sites_children"))
+    truths = [os.path.join(artifacts, f"c-children-{i}.truth") for i in (1, 2)]
+    script = f'"$0" {truths[0]} 1000 & "$0" {truths[1]} 1000 & wait'
+    # Both runs together send about 25 MB of stack copies in a fraction of
+    # a second: a ring buffer that holds them all, so that no event is lost
+    # whatever the reader's speed (a debug build unwinds slower).
+    pb, err, _ = profile(prof, ["--ringbuf-kb", "65536"], ["sh", "-c", script, exe], artifacts,
+                         "c-children", {"LD_PRELOAD": preload})
+    print("--- ddheap-prof's stderr\n" + err)
+    raw = read_raw(pb)
+    k = raw["types"].index("alloc_space")
+    by_pid = {}
+    for (values, ids), labels in zip(raw["samples"], raw["labels"]):
+        names = [f for i in ids for f in raw["locs"][i]["functions"]]
+        if any(site in names for site in C_SITES):
+            by_pid.setdefault(labels.get("pid"), []).append((values[k], names))
+    c.check("LOST" not in err, "no event lost")
+    c.check(len(by_pid) == 2 and None not in by_pid,
+            f"the sites' samples come from two pids, each labelled: {sorted(map(str, by_pid))}")
+    for pid, sts in sorted(by_pid.items(), key=lambda x: str(x[0])):
+        s = share(sts, lambda n: n[0] in C_SITES and "run_sites" in n and "main" in n)
+        c.check(s >= 0.99, f"pid {pid}: a site on top, under run_sites and main, in {s:.4f} of "
+                           f"the sites' alloc_space (>= 0.99)")
+    sizes, totals = {}, {}
+    for truth in truths:
+        one_sizes, one_totals = read_truth(truth)
+        for key, v in one_sizes.items():
+            sizes.setdefault(key, {"alloc_count": 0})["alloc_count"] += v["alloc_count"]
+        for site, v in one_totals.items():
+            totals[site] = totals.get(site, 0) + v
+    check_sites(c, raw, sizes, totals, lambda n: n)
+
+
 def test_c_truncated(c, prof, preload, run, artifacts):
     """A site under 24 frames of 2 KiB: with --stack-bytes 4096 the copy
     ends long before main, and every stack says so ("[truncated]"
@@ -393,6 +434,7 @@ def test_sqlite(c, prof, preload, run, artifacts):
 
 
 TESTS = {"c-o2": test_c_o2, "c-truncated": test_c_truncated, "c-nocfi": test_c_nocfi,
+         "c-children": test_c_children,
          "cxx": test_cxx,
          "python": test_python, "sqlite": test_sqlite}
 

@@ -1,13 +1,17 @@
 /*
- * Finding the objects of the process that carry ddheap's probes and
- * attaching the BPF programs to them: at the start, at each rescan of
- * /proc/PID/maps (dlopen), and, for a command stopped at its exec, to the
- * libraries its dynamic loader is about to map.
+ * Finding the objects of the processes that carry ddheap's probes and
+ * attaching the BPF programs to them: at the start, at each exec, when a
+ * process's dynamic loader says it has mapped objects (its start, dlopen),
+ * and at each rescan of /proc/PID/maps. Files are reached through
+ * /proc/PID/map_files, so what is attached is what the process maps,
+ * whatever its mount namespace and whether or not the file has been
+ * deleted or replaced on disk since.
  */
 #include <bpf/libbpf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <gelf.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,12 +53,37 @@ static int keep_link(struct prof *p, struct bpf_link *l)
     return 0;
 }
 
+static int remember_file(struct file_id **v, size_t *n, size_t *cap, uint64_t dev, uint64_t ino)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? 2 * *cap : 16;
+        struct file_id *g = realloc(*v, c * sizeof *g);
+        if (g == NULL)
+            return -1;
+        *v = g;
+        *cap = c;
+    }
+    (*v)[(*n)++] = (struct file_id){dev, ino};
+    return 0;
+}
+
+/* Uprobes are placed on a file: for the target alone, or, following, for
+ * every process (the BPF side keeps the followed ones), so that a child
+ * mapping an attached file is seen from its first instruction. */
+static pid_t uprobe_pid(const struct prof *p)
+{
+    return p->opt.follow ? -1 : p->pid;
+}
+
 /* Attaches free, then alloc (a block must never be seen allocated by a
- * tracer that cannot yet see its free), to the file at path for our pid:
- * a uprobe on the file's inode, so it also covers mappings made later.
+ * tracer that cannot yet see its free), to the file: a uprobe on the
+ * file's inode, so it also covers mappings made later. kernel_path is a
+ * path the kernel resolves to the very file the process maps (through
+ * /proc/PID/map_files or /proc/PID/root: a process in another mount
+ * namespace, a file deleted or replaced since); name is the process's.
  * Returns 0 or -1 (message printed). */
-static int attach_file(struct prof *p, const char *path, uint64_t dev, uint64_t ino,
-                       unsigned probes_present)
+static int attach_file(struct prof *p, const char *kernel_path, const char *name, uint64_t dev,
+                       uint64_t ino, unsigned probes_present)
 {
     if (already_attached(p, dev, ino))
         return 0;
@@ -63,11 +92,11 @@ static int attach_file(struct prof *p, const char *path, uint64_t dev, uint64_t 
         if (!(probes_present & (i == 0 ? DD_PROF_HAS_FREE : DD_PROF_HAS_ALLOC)))
             continue;
         struct bpf_program *prog = i == 0 ? p->skel->progs.on_free : p->skel->progs.on_alloc;
-        struct bpf_link *l =
-            bpf_program__attach_usdt(prog, p->pid, path, p->opt.provider, probes[i], NULL);
+        struct bpf_link *l = bpf_program__attach_usdt(prog, uprobe_pid(p), kernel_path,
+                                                      p->opt.provider, probes[i], NULL);
         if (l == NULL) {
-            fprintf(stderr, "ddheap-prof: cannot attach to %s:%s:%s in %s: %s\n", p->opt.provider,
-                    probes[i], path, path, strerror(errno));
+            fprintf(stderr, "ddheap-prof: cannot attach to %s:%s in %s: %s\n", p->opt.provider,
+                    probes[i], name, strerror(errno));
             return -1;
         }
         if (keep_link(p, l) != 0) {
@@ -75,35 +104,76 @@ static int attach_file(struct prof *p, const char *path, uint64_t dev, uint64_t 
             return -1;
         }
     }
-    if (p->nattached == p->attached_cap) {
-        size_t cap = p->attached_cap ? 2 * p->attached_cap : 16;
-        struct file_id *v = realloc(p->attached, cap * sizeof *v);
-        if (v == NULL)
-            return -1;
-        p->attached = v;
-        p->attached_cap = cap;
-    }
-    p->attached[p->nattached++] = (struct file_id){dev, ino};
-    fprintf(stderr, "ddheap-prof: attached to %s (%s:alloc%s)\n", path, p->opt.provider,
+    if (remember_file(&p->attached, &p->nattached, &p->attached_cap, dev, ino) != 0)
+        return -1;
+    fprintf(stderr, "ddheap-prof: attached to %s (%s:alloc%s)\n", name, p->opt.provider,
             probes_present & DD_PROF_HAS_FREE ? ", free" : "; no free probe: allocation profile only");
     return 0;
 }
 
-/* Rescans the maps (prof.h). */
-int dd_prof_rescan(struct prof *p)
+/* /proc/PID/map_files/START-END of the object's first mapping. */
+static void map_files_path(char *buf, size_t size, pid_t pid, const struct dd_prof_object *o)
 {
-    if (dd_prof_objects_scan(&p->objs, p->pid) < 0)
+    snprintf(buf, size, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, (int)pid, o->map_start,
+             o->map_end);
+}
+
+/* Rescans one process's maps (prof.h). */
+int dd_prof_rescan(struct prof *p, struct dd_prof_proc *proc)
+{
+    if (proc->gone)
+        return (int)p->nattached;
+    if (dd_prof_objects_scan(&proc->objs, proc->tgid) < 0) {
+        if (errno == ESRCH || errno == ENOENT)
+            proc->gone = true;
         return -1;
-    for (size_t i = 0; i < p->objs.n; i++) {
-        struct dd_prof_object *o = &p->objs.v[i];
+    }
+    for (size_t i = 0; i < proc->objs.n; i++) {
+        struct dd_prof_object *o = &proc->objs.v[i];
         if ((o->probes & DD_PROF_HAS_ALLOC) && !o->attached) {
             /* Tried once: a failure is reported, the other objects are
              * still profiled. */
-            attach_file(p, o->path, o->dev, o->ino, o->probes);
+            char path[96];
+            map_files_path(path, sizeof path, proc->tgid, o);
+            attach_file(p, path, o->path, o->dev, o->ino, o->probes);
             o->attached = true;
         }
     }
     return (int)p->nattached;
+}
+
+void dd_prof_rescan_all(struct prof *p)
+{
+    for (size_t i = 0; i < p->proc_ids.n; i++)
+        if (!p->procs[i].gone)
+            dd_prof_rescan(p, &p->procs[i]);
+}
+
+/* Hooks the loader's _dl_debug_state (on_loader) in the object, if it is
+ * glibc's dynamic loader. Returns true if it is hooked. */
+static bool hook_loader(struct prof *p, pid_t pid, const struct dd_prof_object *o)
+{
+    for (size_t i = 0; i < p->nloader_hooked; i++)
+        if (p->loader_hooked[i].dev == o->dev && p->loader_hooked[i].ino == o->ino)
+            return true;
+    uint64_t offset;
+    int64_t to_state;
+    if (o->fd < 0 || !dd_prof_elf_loader_hook(o->fd, &offset, &to_state))
+        return false;
+    char path[96];
+    map_files_path(path, sizeof path, pid, o);
+    /* (Not LIBBPF_OPTS: a statement expression, which -Wpedantic refuses.) */
+    struct bpf_uprobe_opts opts = {.sz = sizeof opts, .bpf_cookie = (uint64_t)to_state};
+    struct bpf_link *l =
+        bpf_program__attach_uprobe_opts(p->skel->progs.on_loader, uprobe_pid(p), path,
+                                        (size_t)offset, &opts);
+    if (l == NULL)
+        return false;
+    if (keep_link(p, l) != 0 ||
+        remember_file(&p->loader_hooked, &p->nloader_hooked, &p->loader_hooked_cap, o->dev,
+                      o->ino) != 0)
+        return false;
+    return true;
 }
 
 /* The ELF interpreter (dynamic loader) named by the executable, if any. */
@@ -136,21 +206,23 @@ static char *interpreter_of(const char *exe)
 }
 
 /* Attaches to the libraries the dynamic loader will map for the process
- * stopped at its exec: the loader's own `--list`, run on the same
- * executable with the same environment (LD_PRELOAD and LD_LIBRARY_PATH
- * included), names them. They are not mapped yet; the uprobes are placed
- * on their files and become live as the loader maps them. */
-void dd_prof_attach_needed_libraries(struct prof *p)
+ * stopped at its exec, when the loader cannot be hooked (not glibc's):
+ * the loader's own `--list`, run on the same executable with the same
+ * environment (LD_PRELOAD and LD_LIBRARY_PATH included), names them. They
+ * are not mapped yet; the uprobes are placed on their files and become
+ * live as the loader maps them. (The paths are those of our mount
+ * namespace.) */
+static void attach_needed_libraries(struct prof *p, pid_t pid)
 {
     char exe[PATH_MAX], link[64];
-    snprintf(link, sizeof link, "/proc/%d/exe", (int)p->pid);
+    snprintf(link, sizeof link, "/proc/%d/exe", (int)pid);
     ssize_t n = readlink(link, exe, sizeof exe - 1);
     if (n <= 0)
         return;
     exe[n] = '\0';
     char *interp = interpreter_of(exe);
     char *envbuf = NULL;
-    char **env = interp ? dd_prof_environment_of(p->pid, &envbuf) : NULL;
+    char **env = interp ? dd_prof_environment_of(pid, &envbuf) : NULL;
     int fds[2];
     if (env == NULL || pipe2(fds, O_CLOEXEC) != 0) {
         free(interp);
@@ -184,7 +256,7 @@ void dd_prof_attach_needed_libraries(struct prof *p)
         struct stat st;
         unsigned probes = stat(path, &st) == 0 ? dd_prof_elf_probes(path, -1) : 0;
         if (probes & DD_PROF_HAS_ALLOC)
-            attach_file(p, path, st.st_dev, st.st_ino, probes);
+            attach_file(p, path, path, st.st_dev, st.st_ino, probes);
     }
     free(line);
     if (f)
@@ -196,8 +268,49 @@ void dd_prof_attach_needed_libraries(struct prof *p)
     free(envbuf);
 }
 
+bool dd_prof_prepare_exec(struct prof *p, struct dd_prof_proc *proc)
+{
+    char exe[64];
+    snprintf(exe, sizeof exe, "/proc/%d/exe", (int)proc->tgid);
+    char *interp = interpreter_of(exe);
+    if (interp == NULL)
+        return false; /* static: all it maps is mapped */
+    free(interp);
+    /* Mapped by now: the executable and its loader. */
+    for (size_t i = 0; i < proc->objs.n; i++)
+        if (hook_loader(p, proc->tgid, &proc->objs.v[i]))
+            return true;
+    attach_needed_libraries(p, proc->tgid);
+    return false;
+}
+
+/* Removing a uprobe waits for a grace period, about 0.1 s each, and the
+ * kernel removes them one at a time: waiting for that would be most of
+ * ddheap-prof's finishing time. A grandchild holding the same descriptors
+ * waits for our exit (the end of a pipe) and then exits itself: the last
+ * reference it drops removes them, after we have gone. Its standard
+ * streams are /dev/null, so whoever reads ours sees them end at our exit.
+ * Nothing is stopped at ours by then (dd_prof_let_go). */
 void dd_prof_detach_all(struct prof *p)
 {
+    int ended[2];
+    pid_t pid = pipe2(ended, O_CLOEXEC) == 0 ? fork() : -1;
+    if (pid == 0) {
+        if (fork() != 0)
+            _exit(0);
+        close(ended[1]);
+        int null = open("/dev/null", O_RDWR);
+        for (int fd = 0; fd < 3 && null >= 0; fd++)
+            dup2(null, fd);
+        char byte;
+        while (read(ended[0], &byte, 1) < 0 && errno == EINTR)
+            ;
+        _exit(0);
+    }
+    if (pid > 0) {
+        waitpid(pid, NULL, 0);
+        close(ended[0]); /* ended[1] closes at our exit */
+    }
     for (size_t i = 0; i < p->nlinks; i++)
         bpf_link__destroy(p->links[i]);
     p->nlinks = 0;

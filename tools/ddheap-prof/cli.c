@@ -17,13 +17,16 @@
 
 static void usage(FILE *to)
 {
-    fputs("usage: ddheap-prof [-p PID | -- CMD ARGS...] [-d SECONDS] [-o FILE.pb.gz]\n"
-          "                   [--svg FILE] [--folded FILE] [--provider ddheap|otel_memory]\n"
+    fputs("usage: ddheap-prof [-p PID | -- CMD ARGS...] [-f | --no-follow] [-d SECONDS]\n"
+          "                   [-o FILE.pb.gz] [--svg FILE] [--folded FILE]\n"
+          "                   [--provider ddheap|otel_memory]\n"
           "                   [--value inuse_space|alloc_space|inuse_objects|alloc_objects]\n"
           "                   [--ringbuf-kb KB] [--unwind dwarf|fp] [--stack-bytes N] [-v]\n"
           "Profiles the heap of a ddheap-instrumented process; writes a gzipped pprof\n"
           "profile (default ddheap-prof.pb.gz) on Ctrl-C, after -d SECONDS, or when CMD\n"
-          "exits. --svg and --folded show --value (default inuse_space).\n"
+          "exits, with the pid of each sample as its label `pid`. -f follows the\n"
+          "processes it forks (the default with -- CMD; --no-follow: not). Exits with\n"
+          "CMD's status. --svg and --folded show --value (default inuse_space).\n"
           "Stacks are unwound by DWARF CFI from a copy of the top N bytes of the user\n"
           "stack (--stack-bytes, default 16384, at most 65536); --unwind=fp walks frame\n"
           "pointers in the kernel instead (cheaper; wrong for code built without them).\n",
@@ -40,7 +43,7 @@ static void die_usage(const char *what)
 void dd_prof_parse_options(int argc, char **argv, struct options *o)
 {
     enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_UNWIND, OPT_STACK_BYTES,
-           OPT_HELP };
+           OPT_HELP, OPT_NO_FOLLOW };
     static const struct option longs[] = {
         {"pid", required_argument, NULL, 'p'},       {"duration", required_argument, NULL, 'd'},
         {"output", required_argument, NULL, 'o'},    {"svg", required_argument, NULL, OPT_SVG},
@@ -51,14 +54,16 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         {"unwind", required_argument, NULL, OPT_UNWIND},
         {"stack-bytes", required_argument, NULL, OPT_STACK_BYTES},
         {"verbose", no_argument, NULL, 'v'},         {"help", no_argument, NULL, OPT_HELP},
+        {"follow", no_argument, NULL, 'f'},
+        {"no-follow", no_argument, NULL, OPT_NO_FOLLOW},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.out_path = "ddheap-prof.pb.gz", .provider = "ddheap",
                           .value = DD_PROF_INUSE_SPACE, .ringbuf_kb = 16384,
                           .stack_bytes = DD_PROF_DEFAULT_STACK};
-    int c;
+    int c, follow = -1;
     char *end;
     /* '+': stop at the first non-option, so CMD's own options stay its own. */
-    while ((c = getopt_long(argc, argv, "+p:d:o:v", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "+p:d:o:vf", longs, NULL)) != -1) {
         switch (c) {
         case 'p': {
             errno = 0;
@@ -111,6 +116,8 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
                 die_usage("--stack-bytes needs a number of bytes, 64 to 65536");
             break;
         case 'v': o->verbose = true; break;
+        case 'f': follow = 1; break;
+        case OPT_NO_FOLLOW: follow = 0; break;
         case OPT_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
@@ -119,4 +126,9 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         o->cmd = argv + optind;
     if ((o->pid != 0) == (o->cmd != NULL))
         die_usage(o->pid ? "give -p PID or -- CMD, not both" : "give -p PID or -- CMD");
+    /* A command's work is often done by the processes it starts (make,
+     * git, a shell script), and with ddheap-run or LD_PRELOAD they carry
+     * the probes too: following is the default. A running service's
+     * children are its own business unless asked for. */
+    o->follow = follow >= 0 ? follow == 1 : o->cmd != NULL;
 }

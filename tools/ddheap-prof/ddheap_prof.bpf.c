@@ -1,10 +1,14 @@
 /*
- * ddheap-prof, kernel side: two USDT programs, attached to a process's
- * `alloc` and `free` probes (provider `ddheap` or `otel_memory`), that copy
- * each event into a BPF ring buffer for the user side (loop.c). An alloc
- * event carries the registers and the top of the user stack, which user
- * space unwinds by DWARF CFI (unwind.c), or with --unwind=fp the kernel's
- * frame-pointer walk.
+ * ddheap-prof, kernel side: two USDT programs, attached to the `alloc` and
+ * `free` probes (provider `ddheap` or `otel_memory`) of the followed
+ * processes, that copy each event into a BPF ring buffer for the user side
+ * (loop.c). An alloc event carries the registers and the top of the user
+ * stack, which user space unwinds by DWARF CFI (unwind.c), or with
+ * --unwind=fp the kernel's frame-pointer walk. And the programs that keep
+ * the set of followed processes and tell the user side about them (forks,
+ * execs, exits, the dynamic loader's link-map changes), stopping
+ * ddheap-prof's own child at the points where its new objects must be
+ * attached before it runs on (process.c).
  *
  * Nothing is aggregated here: the table of live sampled blocks lives in
  * user space, so its size is bounded by memory, not by a map's key count.
@@ -16,6 +20,7 @@
 #include "vmlinux.h"
 
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/usdt.bpf.h>
 
@@ -23,10 +28,18 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Set by the user side before loading: the process to report (uprobes
- * attached with a pid are already filtered by it; this also drops events
- * of a child that inherited the breakpoints across fork). */
-const volatile __u32 target_tgid = 0;
+/* The processes to report, tgid -> dd_prof_follow_flags (ddheap_prof.h):
+ * the one given, and with follow_children each process it forks, added
+ * here at the fork, before the child runs. Uprobes attached to a file for
+ * every process fire in others too; this map is the filter. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u32);
+} followed SEC(".maps");
+
+const volatile bool follow_children = false;
 
 /* Waking the reader for every event costs the traced thread an irq_work
  * each time; the reader polls every 50 ms anyway, so it is woken only
@@ -58,12 +71,21 @@ struct {
     __type(value, struct alloc_scratch);
 } scratch SEC(".maps");
 
+/* Forks, execs, exits and loader events: few, each one waking the reader. */
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 4096 * 16);
+} proc_events SEC(".maps");
+
 /* Ring-buffer failures by event type (index DD_PROF_EV_ALLOC or _FREE). */
 __u64 lost[2] = {0, 0};
+/* Process events the proc_events buffer had no room for. */
+__u64 lost_proc = 0;
 
 static __always_inline int ours(void)
 {
-    return (__u32)(bpf_get_current_pid_tgid() >> 32) == target_tgid;
+    __u32 tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+    return bpf_map_lookup_elem(&followed, &tgid) != NULL;
 }
 
 static __always_inline void fill_head(struct dd_prof_event_head *h, __u32 type, __u64 ptr)
@@ -177,5 +199,89 @@ int BPF_USDT(on_free, __u64 ptr)
     }
     fill_head(&ev->head, DD_PROF_EV_FREE, ptr);
     bpf_ringbuf_submit(ev, wake_flag());
+    return 0;
+}
+
+static __always_inline void proc_event(__u32 type, __u32 tgid, __u64 arg)
+{
+    struct dd_prof_event_head *h = bpf_ringbuf_reserve(&proc_events, sizeof *h, 0);
+    if (!h) {
+        __sync_fetch_and_add(&lost_proc, 1);
+        return;
+    }
+    h->type = type;
+    h->tgid = tgid;
+    h->ts_ns = bpf_ktime_get_ns();
+    h->ptr = arg;
+    bpf_ringbuf_submit(h, BPF_RB_FORCE_WAKEUP);
+}
+
+#define DD_SIGSTOP 19
+
+/* A new process (not a thread) of a followed one is followed from its
+ * first instruction: the fork runs in the parent, before the child. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+    __u32 parent_tgid = BPF_CORE_READ(parent, tgid), child_tgid = BPF_CORE_READ(child, tgid);
+    if (!follow_children || parent_tgid == child_tgid ||
+        !bpf_map_lookup_elem(&followed, &parent_tgid))
+        return 0;
+    __u32 flags = 0; /* never stopped: its parent could see that */
+    bpf_map_update_elem(&followed, &child_tgid, &flags, BPF_ANY);
+    proc_event(DD_PROF_EV_FORK, child_tgid, parent_tgid);
+    return 0;
+}
+
+/* The exec has replaced the image; the new one has not run. The signal
+ * is pending until the return to user space, and the event is sent after
+ * it, so whatever the reader does on the event comes after the stop. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm *bprm)
+{
+    __u32 tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+    __u32 *flags = bpf_map_lookup_elem(&followed, &tgid);
+    if (!flags)
+        return 0;
+    if (*flags & DD_PROF_STOP_AT_EXEC)
+        bpf_send_signal(DD_SIGSTOP);
+    proc_event(DD_PROF_EV_EXEC, tgid, 0);
+    return 0;
+}
+
+/* The last thread of a followed process is exiting. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *p)
+{
+    __u32 tgid = BPF_CORE_READ(p, tgid);
+    if (BPF_CORE_READ(p, signal, live.counter) != 0 || !bpf_map_lookup_elem(&followed, &tgid))
+        return 0;
+    bpf_map_delete_elem(&followed, &tgid);
+    proc_event(DD_PROF_EV_EXIT, tgid, 0);
+    return 0;
+}
+
+/* glibc's dynamic loader calls _dl_debug_state() (the debugger's hook)
+ * around every change of its link map: at start and at each dlopen and
+ * dlclose. The attach cookie is the distance from the function to
+ * _r_debug.r_state, which says whether the change is complete. */
+SEC("uprobe")
+int on_loader(struct pt_regs *ctx)
+{
+    __u32 tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
+    __u32 *flags = bpf_map_lookup_elem(&followed, &tgid);
+    if (!flags)
+        return 0;
+    int state = -1;
+    __u64 at = PT_REGS_IP(ctx) + bpf_get_attach_cookie(ctx);
+    if (bpf_probe_read_user(&state, sizeof state, (void *)at) != 0 ||
+        state != DD_PROF_RT_CONSISTENT)
+        return 0;
+    if (*flags & DD_PROF_STOP_AT_LOADER) {
+        __u32 rest = *flags & ~(__u32)DD_PROF_STOP_AT_LOADER;
+        bpf_map_update_elem(&followed, &tgid, &rest, BPF_EXIST);
+        bpf_send_signal(DD_SIGSTOP);
+    }
+    proc_event(DD_PROF_EV_LOADED, tgid, 0);
     return 0;
 }

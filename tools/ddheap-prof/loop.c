@@ -1,12 +1,14 @@
 /*
  * The BPF side and the event loop: loads the programs of
- * ddheap_prof.bpf.c, opens the ring buffer, and feeds each event into the
- * table (table.h) until the run ends, rescanning the process's mappings
- * for objects loaded later.
+ * ddheap_prof.bpf.c, attaches the process tracepoints, opens the ring
+ * buffers, and feeds each event into the table (table.h), or to process.c
+ * for forks, execs, exits and loader events, until the run ends,
+ * rescanning the processes' mappings for objects loaded later.
  */
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -27,6 +29,7 @@
 #include "prof.h"
 
 #define RESCAN_MS 200
+#define DRAIN_MS 50
 
 static volatile sig_atomic_t stop_requested;
 
@@ -50,15 +53,35 @@ static int libbpf_all(enum libbpf_print_level level, const char *fmt, va_list ap
     return vfprintf(stderr, fmt, ap);
 }
 
-/* The frames of an alloc event: the kernel's walk as it came, or the
- * copied stack unwound here. Returns how many. */
-static uint32_t frames_of(struct prof *p, const struct dd_prof_alloc_event *a, size_t data_len,
-                          uint64_t *frames)
+/* An unwinding session's rescan (unwind.h): the process's maps, read
+ * again, and any new object with probes attached. */
+static bool rescan_for_unwinder(void *arg, pid_t pid)
+{
+    struct prof *p = arg;
+    struct dd_prof_proc *proc = dd_prof_proc_of(p, pid); /* there: the session is its */
+    if (proc == NULL)
+        return false;
+    size_t before = proc->objs.n;
+    dd_prof_rescan(p, proc);
+    return proc->objs.n > before;
+}
+
+/* The frames of an alloc event of the process: the kernel's walk as it
+ * came, or the copied stack unwound here with the process's own objects.
+ * Returns how many. */
+static uint32_t frames_of(struct prof *p, struct dd_prof_proc *proc,
+                          const struct dd_prof_alloc_event *a, size_t data_len, uint64_t *frames)
 {
     size_t len = a->len < data_len ? a->len : data_len;
     if (a->kind == DD_PROF_STACK_COPY) {
-        if (p->unwinder == NULL)
+        if (proc == NULL || p->opt.unwind_fp)
             return 0;
+        if (proc->unwinder == NULL &&
+            (proc->unwinder = dd_prof_unwinder_new(proc->tgid, &p->unwind_stats,
+                                                   rescan_for_unwinder, p)) == NULL) {
+            p->oom = true;
+            return 0;
+        }
         /* __u64 is unsigned long long, uint64_t unsigned long here: copy
          * rather than read one through the other. */
         uint64_t regs[4];
@@ -66,7 +89,7 @@ static uint32_t frames_of(struct prof *p, const struct dd_prof_alloc_event *a, s
             regs[i] = a->regs[i];
         struct dd_prof_stack_copy copy = {
             .regs = regs, .data = a->data, .len = len, .wanted = a->wanted};
-        return dd_prof_unwind(p->unwinder, &copy, frames, DD_PROF_MAX_FRAMES);
+        return dd_prof_unwind(proc->unwinder, &proc->objs, &copy, frames, DD_PROF_MAX_FRAMES);
     }
     uint32_t n = (uint32_t)(len / sizeof(uint64_t));
     if (n > DD_PROF_MAX_FRAMES)
@@ -93,11 +116,16 @@ static int on_event(void *ctx, void *data, size_t size)
     } else if (h->type == DD_PROF_EV_ALLOC &&
                size >= offsetof(struct dd_prof_alloc_event, data)) {
         const struct dd_prof_alloc_event *a = data;
+        /* (Found before the unwinding, whose rescan adds no process.) */
+        struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)h->tgid);
         uint64_t frames[DD_PROF_MAX_FRAMES];
-        uint32_t n = frames_of(p, a, size - offsetof(struct dd_prof_alloc_event, data), frames);
+        uint32_t n =
+            frames_of(p, proc, a, size - offsetof(struct dd_prof_alloc_event, data), frames);
         sample.size = a->size;
         sample.weight = a->weight;
-        if (h->ptr != 0 && dd_prof_table_alloc(&p->table, &sample, frames, n))
+        if (proc)
+            proc->samples++;
+        if (proc == NULL || (h->ptr != 0 && dd_prof_table_alloc(&p->table, &sample, frames, n)))
             p->oom = true;
     }
     return 0;
@@ -118,16 +146,9 @@ int dd_prof_setup_bpf(struct prof *p)
         fprintf(stderr, "ddheap-prof: cannot open the BPF object: %s\n", strerror(errno));
         return -1;
     }
-    p->skel->rodata->target_tgid = (uint32_t)p->pid;
+    p->skel->rodata->follow_children = p->opt.follow;
     p->skel->rodata->stack_bytes = p->opt.unwind_fp ? 0 : (uint32_t)p->opt.stack_bytes;
     int cpus = libbpf_num_possible_cpus();
-    if (!p->opt.unwind_fp) {
-        p->unwinder = dd_prof_unwinder_new(&p->objs, p->pid);
-        if (p->unwinder == NULL) {
-            fprintf(stderr, "ddheap-prof: out of memory\n");
-            return -1;
-        }
-    }
     /* A ring buffer's size is a power of two, at least a page. */
     unsigned long bytes = 4096;
     while (bytes < p->opt.ringbuf_kb * 1024)
@@ -139,12 +160,36 @@ int dd_prof_setup_bpf(struct prof *p)
         fprintf(stderr, "ddheap-prof: cannot load the BPF programs: %s\n", strerror(errno));
         return -1;
     }
-    p->rb = ring_buffer__new(bpf_map__fd(p->skel->maps.events), on_event, p, NULL);
-    if (p->rb == NULL) {
+    /* The process events first: each consume reads a fork before the
+     * allocations of the child it made. */
+    p->rb = ring_buffer__new(bpf_map__fd(p->skel->maps.proc_events), dd_prof_on_proc_event, p,
+                             NULL);
+    if (p->rb == NULL ||
+        ring_buffer__add(p->rb, bpf_map__fd(p->skel->maps.events), on_event, p) != 0) {
         fprintf(stderr, "ddheap-prof: cannot open the ring buffer: %s\n", strerror(errno));
         return -1;
     }
+    struct bpf_program *tracepoints[] = {p->opt.follow ? p->skel->progs.on_fork : NULL,
+                                         p->skel->progs.on_exec, p->skel->progs.on_exit};
+    for (size_t i = 0; i < sizeof tracepoints / sizeof *tracepoints; i++) {
+        if (tracepoints[i] == NULL)
+            continue;
+        struct bpf_link *l = bpf_program__attach(tracepoints[i]);
+        if (l == NULL) {
+            fprintf(stderr, "ddheap-prof: cannot attach %s: %s\n",
+                    bpf_program__name(tracepoints[i]), strerror(errno));
+            return -1;
+        }
+        p->tracepoint_links[i] = l;
+    }
     return 0;
+}
+
+int dd_prof_follow(struct prof *p, pid_t tgid, uint32_t flags)
+{
+    uint32_t key = (uint32_t)tgid;
+    return bpf_map__update_elem(p->skel->maps.followed, &key, sizeof key, &flags, sizeof flags,
+                                BPF_ANY);
 }
 
 /* -v: what the programs cost in the kernel, when the kernel counts it
@@ -171,22 +216,51 @@ void dd_prof_teardown_bpf(struct prof *p)
 {
     if (p->skel && p->opt.verbose)
         print_costs(p);
-    if (p->unwinder && p->opt.verbose) {
-        const struct dd_prof_unwind_stats *st = dd_prof_unwind_stats(p->unwinder);
+    const struct dd_prof_unwind_stats *st = &p->unwind_stats;
+    if (!p->opt.unwind_fp && p->opt.verbose)
         fprintf(stderr,
                 "ddheap-prof: unwound %llu stacks (%llu truncated), %.1f frames and %.1f us each\n",
                 (unsigned long long)st->stacks, (unsigned long long)st->truncated,
                 st->stacks ? (double)st->frames / (double)st->stacks : 0.0,
                 st->stacks ? (double)st->ns / 1e3 / (double)st->stacks : 0.0);
+    for (size_t i = 0; i < p->proc_ids.n; i++) {
+        dd_prof_unwinder_free(p->procs[i].unwinder);
+        p->procs[i].unwinder = NULL;
     }
-    dd_prof_unwinder_free(p->unwinder);
-    p->unwinder = NULL;
+    for (size_t i = 0; i < sizeof p->tracepoint_links / sizeof *p->tracepoint_links; i++)
+        bpf_link__destroy(p->tracepoint_links[i]);
     ring_buffer__free(p->rb);
     ddheap_prof_bpf__destroy(p->skel);
 }
 
+/* Frees the unwinding sessions of the processes that have exited: their
+ * last allocations were made before their exit event, and a consume reads
+ * the process events first, then the allocations, each buffer up to what
+ * it holds then, so the one that read the exit has read them too. (One
+ * read later anyway would only start a new session.) What stays of a
+ * process is its objects, for symbolising. */
+static void end_sessions_of_gone(struct prof *p)
+{
+    for (size_t i = 0; i < p->proc_ids.n; i++) {
+        if (p->procs[i].gone && p->procs[i].unwinder) {
+            dd_prof_unwinder_free(p->procs[i].unwinder);
+            p->procs[i].unwinder = NULL;
+        }
+    }
+}
+
+/* Whether the target has ended: our command has exited (its pidfd says
+ * so at once), or the -p process is gone. */
+static bool target_ended(struct prof *p, bool pidfd_ready, int *status)
+{
+    if (p->child)
+        return pidfd_ready && dd_prof_reap_command(p, status);
+    struct dd_prof_proc *target = dd_prof_proc_of(p, p->pid);
+    return (target && target->gone) || dd_prof_process_gone(p->pid);
+}
+
 /* Runs until Ctrl-C, -d, the process's end or a failure (prof.h). */
-bool dd_prof_run_loop(struct prof *p, bool *exited, int *status, bool *exec_seen)
+bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
 {
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
@@ -195,26 +269,43 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status, bool *exec_seen
         p->opt.duration > 0 ? p->started_mono + (int64_t)(p->opt.duration * 1e9) : 0;
     int64_t next_scan = dd_prof_now_ns(CLOCK_MONOTONIC) + RESCAN_MS * 1000000LL;
     bool cut_short = false;
+    /* Woken by the process events (each wakes the reader), by allocation
+     * events once a quarter of their buffer waits, by the command's exit;
+     * otherwise every DRAIN_MS to read what waits. */
+    struct pollfd fds[2] = {{.fd = ring_buffer__epoll_fd(p->rb), .events = POLLIN},
+                            {.fd = p->child ? p->child_pidfd : -1, .events = POLLIN}};
     while (!stop_requested && !*exited && !p->oom) {
-        int got = ring_buffer__poll(p->rb, 50);
+        int64_t now = dd_prof_now_ns(CLOCK_MONOTONIC);
+        int64_t wait_ns = DRAIN_MS * 1000000LL;
+        if (deadline && deadline - now < wait_ns)
+            wait_ns = deadline - now > 0 ? deadline - now : 0;
+        int ready = poll(fds, 2, (int)((wait_ns + 999999) / 1000000));
+        if (ready < 0 && errno != EINTR) {
+            fprintf(stderr, "ddheap-prof: poll: %s\n", strerror(errno));
+            cut_short = true;
+            break;
+        }
+        int got = ring_buffer__consume(p->rb);
         if (got < 0 && got != -EINTR) {
             fprintf(stderr, "ddheap-prof: reading the ring buffer: %s\n", strerror(-got));
             cut_short = true;
             break;
         }
-        int64_t now = dd_prof_now_ns(CLOCK_MONOTONIC);
-        if (p->child)
-            *exited = dd_prof_child_events(p, status, exec_seen);
-        else
-            *exited = dd_prof_process_gone(p->pid);
-        if (deadline && now >= deadline)
+        end_sessions_of_gone(p);
+        now = dd_prof_now_ns(CLOCK_MONOTONIC);
+        *exited = target_ended(p, ready > 0 && (fds[1].revents & POLLIN), status);
+        if (deadline && now >= deadline) {
+            p->interrupted = true;
             break;
+        }
         if (!*exited && now >= next_scan) {
-            dd_prof_rescan(p);
+            dd_prof_rescan_all(p);
             next_scan = now + RESCAN_MS * 1000000LL;
         }
     }
-    /* Everything the programs wrote before the end is in the buffer. */
+    if (stop_requested)
+        p->interrupted = true;
+    /* Everything the programs wrote before the end is in the buffers. */
     ring_buffer__consume(p->rb);
     if (p->oom) {
         fprintf(stderr, "ddheap-prof: out of memory: the profile stops here\n");

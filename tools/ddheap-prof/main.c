@@ -1,14 +1,16 @@
 /*
  * ddheap-prof: a heap profiler for ddheap-instrumented processes, on
  * libbpf. It attaches USDT programs (ddheap_prof.bpf.c) to the `alloc`
- * and `free` probes of every object of one process that carries them,
+ * and `free` probes of every object that carries them in the processes
+ * it follows (the command or -p PID, and with -f the ones they fork),
  * keeps the live sampled blocks in user space (table.h), and at the end
  * writes a gzipped pprof profile, and optionally folded stacks and a
  * flame-graph SVG. docs/ddheap-prof.md is the user's guide; prof.h says
  * which file does which part of the run.
  *
- *   ddheap-prof [-p PID | -- CMD ARGS...] [-d SECONDS] [-o FILE.pb.gz]
- *               [--svg FILE] [--folded FILE] [--provider ddheap|otel_memory]
+ *   ddheap-prof [-p PID | -- CMD ARGS...] [-f | --no-follow] [-d SECONDS]
+ *               [-o FILE.pb.gz] [--svg FILE] [--folded FILE]
+ *               [--provider ddheap|otel_memory]
  *
  * This file is the order of a run: options, outputs, the process, the
  * BPF side, attaching, the loop, the outputs.
@@ -24,36 +26,60 @@
 
 #include "prof.h"
 
-/* Says how a started command ended, if not with status 0. */
-static void report_child_status(const struct prof *p, int status)
+/* The name of the command's program: the image it last exec'd (ddheap-run,
+ * env or a shell exec the real one). */
+static const char *program_name(struct prof *p)
 {
-    if (WIFSIGNALED(status))
-        fprintf(stderr, "ddheap-prof: %s was killed by signal %d\n", p->opt.cmd[0],
-                WTERMSIG(status));
-    else if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
-        fprintf(stderr, "ddheap-prof: %s exited with status %d\n", p->opt.cmd[0],
-                WEXITSTATUS(status));
+    struct dd_prof_proc *proc = dd_prof_proc_of(p, p->pid);
+    return proc && proc->name ? proc->name : p->opt.cmd[0];
 }
 
-/* Until the exec stop, a started child runs ddheap-prof's own image.
- * Returns false if it exited before its exec. */
-static bool wait_for_exec(struct prof *p, bool *exited, int *status, bool *exec_seen)
+/* Says how a started command ended, if not with status 0; returns the
+ * status to pass on, as a shell would: its exit code, or 128 + signal. */
+static int command_status(struct prof *p, int status)
 {
-    while (!*exec_seen && !*exited) {
-        *exited = dd_prof_child_events(p, status, exec_seen);
-        if (!*exited && !*exec_seen)
-            nanosleep(&(struct timespec){0, 5000000}, NULL);
+    if (WIFSIGNALED(status)) {
+        fprintf(stderr, "ddheap-prof: %s (pid %d) was killed by signal %d\n", program_name(p),
+                (int)p->pid, WTERMSIG(status));
+        return 128 + WTERMSIG(status);
     }
-    return *exec_seen;
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+        fprintf(stderr, "ddheap-prof: %s (pid %d) exited with status %d\n", program_name(p),
+                (int)p->pid, WEXITSTATUS(status));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
 static void free_run(struct prof *p)
 {
     dd_prof_teardown_bpf(p);
-    dd_prof_objects_free(&p->objs);
+    for (size_t i = 0; i < p->proc_ids.n; i++) {
+        dd_prof_objects_free(&p->procs[i].objs);
+        free(p->procs[i].name);
+    }
+    free(p->procs);
+    dd_prof_keys_free(&p->proc_ids);
     dd_prof_table_free(&p->table);
     free(p->links);
     free(p->attached);
+    free(p->loader_hooked);
+}
+
+/* Names the processes that ran, for a run that never found a probe. */
+static void report_no_probes(struct prof *p)
+{
+    if (!p->child) {
+        fprintf(stderr, "ddheap-prof: process %d never mapped an object with %s:alloc probes "
+                        "(is it linked with libddheap, or run with libddheap_preload.so?)\n",
+                (int)p->pid, p->opt.provider);
+        return;
+    }
+    fprintf(stderr, "ddheap-prof: %s (pid %d", program_name(p), (int)p->pid);
+    size_t others = p->proc_ids.n - 1;
+    if (others)
+        fprintf(stderr, ", and the %zu process%s it started", others, others == 1 ? "" : "es");
+    fprintf(stderr, ") never mapped an object with %s:alloc probes (is it linked with libddheap, "
+                    "or run with libddheap_preload.so?); no profile written\n",
+            p->opt.provider);
 }
 
 int main(int argc, char **argv)
@@ -71,55 +97,70 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddheap-prof: no process with pid %d\n", (int)p.opt.pid);
         return 1;
     }
+    dd_prof_record_signals();
     struct outputs files;
     dd_prof_open_outputs(&p.opt, &files);
     signal(SIGPIPE, SIG_IGN);
 
     p.child = p.opt.cmd != NULL;
-    p.pid = p.child ? dd_prof_start_command(p.opt.cmd) : p.opt.pid;
-    if (dd_prof_setup_bpf(&p) != 0) {
-        if (p.child)
-            kill(p.pid, SIGKILL);
+    p.child_pidfd = -1;
+    p.pid = p.opt.pid;
+    if (dd_prof_setup_bpf(&p) != 0)
         return 1;
-    }
     p.started_realtime = dd_prof_now_ns(CLOCK_REALTIME);
     p.started_mono = dd_prof_now_ns(CLOCK_MONOTONIC);
-    int child_status = 0;
-    bool exited = false, exec_seen = false;
     if (p.child) {
-        if (!wait_for_exec(&p, &exited, &child_status, &exec_seen)) {
-            fprintf(stderr, "ddheap-prof: %s exited before it started\n", p.opt.cmd[0]);
+        /* Stopped at its exec; the loop attaches and lets it go. */
+        int rc = dd_prof_start_command(&p);
+        if (rc == 0)
+            rc = dd_prof_release_command(&p);
+        if (rc != 0)
+            return rc;
+    } else {
+        struct dd_prof_proc *target = dd_prof_proc_of(&p, p.pid);
+        if (target == NULL || dd_prof_follow(&p, p.pid, 0) != 0) {
+            fprintf(stderr, "ddheap-prof: cannot follow pid %d\n", (int)p.pid);
             return 1;
         }
-    } else if (dd_prof_rescan(&p) < 0) {
-        fprintf(stderr, "ddheap-prof: cannot read the mappings of pid %d: %s\n", (int)p.pid,
-                strerror(errno));
-        return 1;
+        if (dd_prof_rescan(&p, target) < 0) {
+            fprintf(stderr, "ddheap-prof: cannot read the mappings of pid %d: %s\n", (int)p.pid,
+                    strerror(errno));
+            return 1;
+        }
+        if (p.nattached == 0) {
+            fprintf(stderr, "ddheap-prof: process %d has no %s:alloc probe in any object it "
+                            "maps (is it linked with libddheap, or run with "
+                            "libddheap_preload.so?)\n",
+                    (int)p.pid, p.opt.provider);
+            return 1;
+        }
+        p.interval = dd_prof_interval_of(p.pid);
     }
-    if (p.nattached == 0 && !p.child) {
-        fprintf(stderr, "ddheap-prof: process %d has no %s:alloc probe in any object it maps "
-                        "(is it linked with libddheap, or run with libddheap_preload.so?)\n",
-                (int)p.pid, p.opt.provider);
-        return 1;
-    }
-    p.interval = dd_prof_interval_of(p.pid);
-    fprintf(stderr, "ddheap-prof: profiling pid %d; Ctrl-C to stop\n", (int)p.pid);
+    fprintf(stderr, "ddheap-prof: profiling pid %d%s; Ctrl-C to stop\n", (int)p.pid,
+            p.opt.follow ? " and the processes it starts" : "");
 
     /* A run cut short (the ring buffer failed, memory ran out) still writes
      * what it has, and then exits non-zero: a partial profile is no success. */
-    bool cut_short = dd_prof_run_loop(&p, &exited, &child_status, &exec_seen);
-    if (exited && p.child)
-        report_child_status(&p, child_status);
+    int child_status = 0;
+    bool exited = false;
+    bool cut_short = dd_prof_run_loop(&p, &exited, &child_status);
+    /* The command's status is passed on when its end ended the run (not
+     * Ctrl-C or -d, after which it may still run, and runs free). */
+    int rc = 0;
     if (p.child && !exited)
-        dd_prof_detach_child(&p);
-    dd_prof_detach_all(&p);
+        dd_prof_let_go(&p);
+    else if (p.child && !p.interrupted)
+        rc = command_status(&p, child_status);
     if (p.nattached == 0) {
-        fprintf(stderr, "ddheap-prof: process %d (%s) never mapped an object with %s:alloc "
-                        "probes (is it linked with libddheap, or run with libddheap_preload.so?)\n",
-                (int)p.pid, p.opt.cmd[0], p.opt.provider);
-        return 1;
+        report_no_probes(&p);
+        dd_prof_detach_all(&p);
+        return rc ? rc : 1;
     }
-    int rc = dd_prof_write_outputs(&p, &files);
+    /* The outputs first, then the uprobes' removal (the slow part). */
+    bool written = dd_prof_write_outputs(&p, &files) == 0;
+    dd_prof_detach_all(&p);
     free_run(&p);
-    return rc == 0 && !cut_short ? 0 : 1;
+    if (rc == 0 && (!written || cut_short))
+        rc = 1;
+    return rc;
 }

@@ -1,14 +1,20 @@
 /*
- * Reading /proc/PID/maps into dd_prof_objects (objects.h), and the two
- * things ddheap-prof needs from an object's ELF headers: whether its
- * .note.stapsdt carries the probes, and its GNU build id.
+ * Reading /proc/PID/maps into dd_prof_objects (objects.h), and what
+ * ddheap-prof needs from an object's ELF headers: whether its
+ * .note.stapsdt carries the probes, its GNU build id, and, for glibc's
+ * dynamic loader, where its debugger hook is.
  */
 #include "objects.h"
+
+#include <linux/types.h>
+
+#include "ddheap_prof.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <gelf.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <libelf.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,12 +130,15 @@ static uint64_t load_bias(Elf *elf, uint64_t base)
 static int open_mapped(pid_t pid, const char *path, uint64_t start, uint64_t end)
 {
     /* map_files reaches the very file that is mapped, even if it was
-     * deleted or replaced since; the path is the fallback. */
-    char link[96];
+     * deleted or replaced since; the path under the process's root (its
+     * mount namespace) is the fallback. */
+    char link[PATH_MAX + 64];
     snprintf(link, sizeof link, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, (int)pid, start, end);
     int fd = open(link, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(link, sizeof link, "/proc/%d/root%s", (int)pid, path);
+        fd = open(link, O_RDONLY | O_CLOEXEC);
+    }
     return fd;
 }
 
@@ -163,8 +172,8 @@ static struct dd_prof_object *add_object(struct dd_prof_objects *objs, pid_t pid
         return NULL;
     o->dev = dev;
     o->ino = ino;
-    o->base = o->lo = start;
-    o->hi = end;
+    o->base = o->lo = o->map_start = start;
+    o->hi = o->map_end = end;
     o->fd = open_mapped(pid, path, start, end);
     Elf *elf = o->fd >= 0 ? open_elf(o->fd) : NULL;
     if (elf == NULL) {
@@ -245,4 +254,69 @@ void dd_prof_objects_free(struct dd_prof_objects *objs)
     }
     free(objs->v);
     memset(objs, 0, sizeof *objs);
+}
+
+int dd_prof_objects_copy(struct dd_prof_objects *dst, const struct dd_prof_objects *src)
+{
+    memset(dst, 0, sizeof *dst);
+    if (src->n == 0)
+        return 0;
+    dst->v = malloc(src->n * sizeof *dst->v);
+    if (dst->v == NULL)
+        return -1;
+    dst->cap = src->n;
+    for (size_t i = 0; i < src->n; i++) {
+        struct dd_prof_object *o = &dst->v[dst->n];
+        *o = src->v[i];
+        o->path = strdup(src->v[i].path);
+        if (o->path == NULL)
+            return -1;
+        o->fd = src->v[i].fd >= 0 ? fcntl(src->v[i].fd, F_DUPFD_CLOEXEC, 0) : -1;
+        dst->n++;
+    }
+    return 0;
+}
+
+/* The dynamic symbol's value, or 0. */
+static uint64_t dynamic_symbol(Elf *elf, const char *want)
+{
+    Elf_Scn *scn = NULL;
+    while ((scn = elf_nextscn(elf, scn)) != NULL) {
+        GElf_Shdr sh;
+        if (gelf_getshdr(scn, &sh) == NULL || sh.sh_type != SHT_DYNSYM || sh.sh_entsize == 0)
+            continue;
+        Elf_Data *data = elf_getdata(scn, NULL);
+        for (size_t i = 0; data && i < sh.sh_size / sh.sh_entsize; i++) {
+            GElf_Sym sym;
+            const char *name;
+            if (gelf_getsym(data, (int)i, &sym) && sym.st_value != 0 &&
+                (name = elf_strptr(elf, sh.sh_link, sym.st_name)) && strcmp(name, want) == 0)
+                return sym.st_value;
+        }
+    }
+    return 0;
+}
+
+bool dd_prof_elf_loader_hook(int fd, uint64_t *offset, int64_t *to_state)
+{
+    Elf *elf = open_elf(fd);
+    if (elf == NULL)
+        return false;
+    uint64_t hook = dynamic_symbol(elf, "_dl_debug_state");
+    uint64_t r_debug = hook ? dynamic_symbol(elf, "_r_debug") : 0;
+    bool found = false;
+    size_t n;
+    if (r_debug && elf_getphdrnum(elf, &n) == 0) {
+        for (size_t i = 0; i < n && !found; i++) {
+            GElf_Phdr ph;
+            if (gelf_getphdr(elf, (int)i, &ph) && ph.p_type == PT_LOAD &&
+                (ph.p_flags & PF_X) && ph.p_vaddr <= hook && hook < ph.p_vaddr + ph.p_filesz) {
+                *offset = hook - ph.p_vaddr + ph.p_offset;
+                *to_state = (int64_t)(r_debug + DD_PROF_R_STATE_OFFSET) - (int64_t)hook;
+                found = true;
+            }
+        }
+    }
+    elf_end(elf);
+    return found;
 }

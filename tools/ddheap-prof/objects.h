@@ -1,7 +1,8 @@
 /*
- * The ELF objects mapped into the profiled process, as read from
+ * The ELF objects mapped into a profiled process, as read from
  * /proc/PID/maps at attach and on every rescan. Each object keeps an open
- * descriptor of its file and the address ranges it was mapped at, so
+ * descriptor of its file (opened through /proc/PID/map_files, or
+ * /proc/PID/root: the process's own file, in its mount namespace) and the address ranges it was mapped at, so
  * stacks can be symbolised after the process has exited (or the file has
  * been replaced) and the profile can name its mappings and build ids.
  */
@@ -19,6 +20,7 @@ struct dd_prof_object {
     uint64_t base;     /* start of the mapping of file offset 0 */
     uint64_t bias;     /* run-time address minus link-time address */
     uint64_t lo, hi;   /* span of all its mappings seen */
+    uint64_t map_start, map_end; /* its first mapping: /proc/PID/map_files/START-END */
     uint64_t exec_start, exec_end, exec_offset; /* its executable mapping, if seen */
     int fd;            /* -1 if it could not be opened */
     char build_id[129]; /* hex, "" if none */
@@ -50,5 +52,14 @@ const struct dd_prof_object *dd_prof_objects_find(const struct dd_prof_objects *
                                                   uint64_t addr);
 
 void dd_prof_objects_free(struct dd_prof_objects *objs);
+
+/* dst (empty) becomes a copy of src, with descriptors of its own: a
+ * forked process's objects are its parent's. Returns 0 or -1. */
+int dd_prof_objects_copy(struct dd_prof_objects *dst, const struct dd_prof_objects *src);
+
+/* Whether the ELF file is glibc's dynamic loader, with the debugger's
+ * hook: *offset is the file offset of _dl_debug_state, *to_state the
+ * distance from it to _r_debug.r_state in memory. */
+bool dd_prof_elf_loader_hook(int fd, uint64_t *offset, int64_t *to_state);
 
 #endif

@@ -100,10 +100,14 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     DdheapPprof__Mapping *maps = calloc(nm + 1, sizeof *maps);
     DdheapPprof__Mapping **mapp = calloc(nm + 1, sizeof *mapp);
     int64_t *comments = calloc(meta->ncomments + 1, sizeof *comments);
+    DdheapPprof__Label *labels = calloc(ns + 1, sizeof *labels);
+    DdheapPprof__Label **labelp = calloc(ns + 1, sizeof *labelp);
     uint8_t *packed = NULL;
     if (!samples || !samplep || !values || !loc_ids || !locs || !locp || !lines || !linep ||
-        !funcs || !funcp || !maps || !mapp || !comments)
+        !funcs || !funcp || !maps || !mapp || !comments || !labels || !labelp)
         goto done;
+    /* Every sample says its process: `-tagfocus=pid=N` keeps one. */
+    int64_t pid_key = str(strings, "pid", &failed);
 
     /* Mappings: every recorded object, the executable part of it, id =
      * index + 1 (pprof ids start at 1; 0 means none). */
@@ -178,6 +182,12 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
         v[3] = rounded(s->stack->inuse_space);
         x->n_value = NVALUES;
         x->value = v;
+        ddheap_pprof__label__init(&labels[n_samples]);
+        labels[n_samples].key = pid_key;
+        labels[n_samples].num = s->stack->tgid;
+        labelp[n_samples] = &labels[n_samples];
+        x->n_label = 1;
+        x->label = &labelp[n_samples];
         samplep[n_samples++] = x;
     }
     prof.n_sample = n_samples;
@@ -223,6 +233,8 @@ done:
     free(maps);
     free(mapp);
     free(comments);
+    free(labels);
+    free(labelp);
     free(packed);
     return result;
 }

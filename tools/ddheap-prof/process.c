@@ -1,9 +1,16 @@
 /*
- * The profiled process: a command ddheap-prof starts (under ptrace, so
- * that the probes are attached at its exec, before its first instruction,
- * and its last mappings can be read at its exit stop), or a running one
- * given by -p; its environment (the sampling interval it runs with); and
- * whether it is gone.
+ * The profiled processes: a command ddheap-prof starts, or a running one
+ * given by -p, and (following) the processes they fork; their
+ * environment (the sampling interval they run with); whether they are
+ * gone.
+ *
+ * No ptrace: the command waits on a pipe until the BPF side follows its
+ * pid, and the BPF side stops it (SIGSTOP, which only its parent, we, can
+ * see) at each exec, before the new image's first instruction, and once
+ * more when the dynamic loader has mapped the libraries, before their
+ * constructors. At each stop its objects are attached, then SIGCONT lets
+ * it go. Between and after, it runs as it would without us: its signals,
+ * timers and threads are its own.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,10 +18,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ptrace.h>
+#include <bpf/libbpf.h>
+#include <limits.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <linux/types.h>
+
+#include "ddheap_prof.h"
 #include "prof.h"
 
 /* The process's environment, as execve wants it (NULL-terminated). */
@@ -93,113 +105,239 @@ uint64_t dd_prof_interval_of(pid_t pid)
     return interval;
 }
 
-/* Forks CMD; the child waits for a byte on a pipe before its exec, so the
- * parent can seize it first and see the exec stop. Returns the pid. */
-pid_t dd_prof_start_command(char **cmd)
+/* SIGPIPE as it was when ddheap-prof started: main ignores it for its
+ * own writes, and an ignored signal stays ignored across exec. */
+static struct sigaction original_sigpipe;
+static int go_fd = -1, exec_error_fd = -1;
+
+void dd_prof_record_signals(void)
 {
-    int go[2];
-    if (pipe2(go, O_CLOEXEC) != 0) {
+    sigaction(SIGPIPE, NULL, &original_sigpipe);
+}
+
+/* Forks CMD (prof.h). The child waits on a pipe; once told, it execs, or
+ * writes its errno to a second pipe that the exec closes otherwise. */
+int dd_prof_start_command(struct prof *p)
+{
+    int go[2], err[2];
+    if (pipe2(go, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
         perror("ddheap-prof: pipe");
-        exit(1);
+        return 1;
     }
     pid_t pid = fork();
     if (pid < 0) {
         perror("ddheap-prof: fork");
-        exit(1);
+        return 1;
     }
     if (pid == 0) {
         char byte;
         close(go[1]);
+        close(err[0]);
+        sigaction(SIGPIPE, &original_sigpipe, NULL);
         if (read(go[0], &byte, 1) != 1)
             _exit(127);
-        execvp(cmd[0], cmd);
-        fprintf(stderr, "ddheap-prof: cannot run %s: %s\n", cmd[0], strerror(errno));
+        execvp(p->opt.cmd[0], p->opt.cmd);
+        int e = errno;
+        if (write(err[1], &e, sizeof e) != (ssize_t)sizeof e)
+            _exit(127);
         _exit(127);
     }
     close(go[0]);
-    if (ptrace(PTRACE_SEIZE, pid, NULL,
-               (void *)(long)(PTRACE_O_TRACEEXEC | PTRACE_O_TRACEEXIT)) != 0) {
-        perror("ddheap-prof: ptrace");
+    close(err[1]);
+    go_fd = go[1];
+    exec_error_fd = err[0];
+    p->pid = pid;
+    p->child_pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (p->child_pidfd < 0) {
+        perror("ddheap-prof: pidfd_open");
         kill(pid, SIGKILL);
-        exit(1);
+        waitpid(pid, NULL, 0);
+        return 1;
     }
-    if (write(go[1], "g", 1) != 1) {
-        perror("ddheap-prof: starting the command");
-        exit(1);
+    struct dd_prof_proc *proc = dd_prof_proc_of(p, pid);
+    if (proc == NULL || dd_prof_follow(p, pid, DD_PROF_STOP_AT_EXEC) != 0) {
+        fprintf(stderr, "ddheap-prof: cannot follow the command\n");
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return 1;
     }
-    close(go[1]);
-    return pid;
+    return 0;
 }
 
-/* Handles whatever state changes of the child are pending (prof.h). */
-bool dd_prof_child_events(struct prof *p, int *status, bool *exec_seen)
+int dd_prof_release_command(struct prof *p)
 {
-    for (;;) {
-        int st;
-        pid_t got = waitpid(p->pid, &st, WNOHANG | __WALL);
-        if (got <= 0)
-            return false;
-        if (WIFEXITED(st) || WIFSIGNALED(st)) {
-            *status = st;
-            return true;
+    if (write(go_fd, "g", 1) != 1) {
+        perror("ddheap-prof: starting the command");
+        kill(p->pid, SIGKILL);
+        return 1;
+    }
+    close(go_fd);
+    /* Returns at the exec (the pipe closes: the child is stopped there
+     * now) or with the errno of a failed one. */
+    int e = 0;
+    ssize_t got;
+    do
+        got = read(exec_error_fd, &e, sizeof e);
+    while (got < 0 && errno == EINTR);
+    close(exec_error_fd);
+    if (got == (ssize_t)sizeof e) {
+        waitpid(p->pid, NULL, 0);
+        fprintf(stderr, "ddheap-prof: cannot run %s: %s\n", p->opt.cmd[0], strerror(e));
+        return e == ENOENT ? 127 : 126; /* a shell's statuses */
+    }
+    return 0;
+}
+
+struct dd_prof_proc *dd_prof_proc_of(struct prof *p, pid_t tgid)
+{
+    int added;
+    long i = dd_prof_keys_intern(&p->proc_ids, (uint64_t)tgid, &added);
+    if (i < 0)
+        return NULL;
+    if (p->proc_ids.cap > p->procs_cap) {
+        struct dd_prof_proc *v = realloc(p->procs, p->proc_ids.cap * sizeof *v);
+        if (v == NULL)
+            return NULL;
+        p->procs = v;
+        p->procs_cap = p->proc_ids.cap;
+    }
+    struct dd_prof_proc *proc = &p->procs[i];
+    if (added)
+        *proc = (struct dd_prof_proc){.tgid = tgid};
+    return proc;
+}
+
+static void set_name(struct dd_prof_proc *proc)
+{
+    char link[64], exe[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/%d/exe", (int)proc->tgid);
+    ssize_t n = readlink(link, exe, sizeof exe - 1);
+    if (n <= 0)
+        return;
+    exe[n] = '\0';
+    const char *slash = strrchr(exe, '/');
+    char *name = strdup(slash ? slash + 1 : exe);
+    if (name) {
+        free(proc->name);
+        proc->name = name;
+    }
+}
+
+/* Our child is stopped (or its stop is pending) at one of the stops the
+ * BPF side made; SIGCONT after a pending stop discards it. Either way it
+ * runs on, and only we, its parent, could have seen anything. */
+static void resume(struct prof *p)
+{
+    p->child_stopped = false;
+    kill(p->pid, SIGCONT);
+}
+
+void dd_prof_let_go(struct prof *p)
+{
+    dd_prof_follow(p, p->pid, 0);
+    /* A stop made before that has its event waiting: handled here. */
+    ring_buffer__consume(p->rb);
+    if (p->child_stopped)
+        resume(p);
+}
+
+static void on_exec(struct prof *p, struct dd_prof_proc *proc)
+{
+    /* The old image's objects are gone with it; they are forgotten unless
+     * a stack may point into them (the first mapping is what pprof takes
+     * for the main binary). */
+    if (proc->samples == 0)
+        dd_prof_objects_free(&proc->objs);
+    /* Its unwinding session knew the old image's modules. */
+    dd_prof_unwinder_free(proc->unwinder);
+    proc->unwinder = NULL;
+    set_name(proc);
+    bool ours = p->child && proc->tgid == p->pid;
+    if (ours)
+        p->child_stopped = true;
+    dd_prof_rescan(p, proc);
+    bool loader_stop = dd_prof_prepare_exec(p, proc) && ours;
+    if (ours) {
+        p->interval = dd_prof_interval_of(p->pid);
+        /* On to the loader's stop, where the libraries are attached. */
+        if (loader_stop &&
+            dd_prof_follow(p, proc->tgid, DD_PROF_STOP_AT_EXEC | DD_PROF_STOP_AT_LOADER) == 0)
+            p->loader_stop_pending = true;
+        resume(p);
+    }
+}
+
+/* The process events of the BPF side (prof.h). */
+int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
+{
+    struct prof *p = ctx;
+    const struct dd_prof_event_head *h = data;
+    if (size < sizeof *h)
+        return 0;
+    struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)h->tgid);
+    if (proc == NULL) {
+        p->oom = true;
+        return 0;
+    }
+    switch (h->type) {
+    case DD_PROF_EV_FORK: {
+        /* Its address space is a copy of its parent's. */
+        struct dd_prof_proc *parent = dd_prof_proc_of(p, (pid_t)h->ptr);
+        if (parent == NULL) {
+            p->oom = true;
+            break;
         }
-        if (!WIFSTOPPED(st))
-            continue;
-        int event = st >> 16, sig = WSTOPSIG(st);
-        if (event == PTRACE_EVENT_EXEC) {
-            /* Not one instruction of the new image has run. The old
-             * image's objects are gone with it; forget them unless a
-             * stack already points into them (the first mapping is what
-             * pprof takes for the main binary). */
-            if (p->table.allocs == 0)
-                dd_prof_objects_free(&p->objs);
-            if (dd_prof_rescan(p) >= 0)
-                dd_prof_attach_needed_libraries(p);
-            p->interval = dd_prof_interval_of(p->pid);
+        proc = dd_prof_proc_of(p, (pid_t)h->tgid); /* parent's growth may move it */
+        /* (Its first samples may have been read before its fork: the two
+         * ring buffers are read one after the other.) */
+        uint64_t samples = proc->samples;
+        dd_prof_objects_free(&proc->objs);
+        dd_prof_unwinder_free(proc->unwinder); /* built from the objects just freed */
+        free(proc->name);
+        *proc = (struct dd_prof_proc){.tgid = (pid_t)h->tgid, .parent = (pid_t)h->ptr,
+                                      .samples = samples};
+        if (parent->name)
+            proc->name = strdup(parent->name);
+        if (dd_prof_objects_copy(&proc->objs, &parent->objs) != 0)
+            p->oom = true;
+        break;
+    }
+    case DD_PROF_EV_EXEC:
+        on_exec(p, proc);
+        break;
+    case DD_PROF_EV_LOADED:
+        dd_prof_rescan(p, proc);
+        if (p->child && proc->tgid == p->pid && p->loader_stop_pending) {
+            p->loader_stop_pending = false;
             if (p->nattached == 0)
                 /* A wrapper (env, a shell) may exec the real program
                  * later, or the program dlopen an instrumented library. */
                 fprintf(stderr, "ddheap-prof: no %s probes in %s yet; profiling starts when it "
                                 "maps an object that has them\n",
-                        p->opt.provider, p->opt.cmd[0]);
-            *exec_seen = true;
-            sig = 0;
-        } else if (event == PTRACE_EVENT_EXIT) {
-            dd_prof_rescan(p); /* the last look at the mappings */
-            sig = 0;
-        } else if (event == PTRACE_EVENT_STOP) {
-            /* A group stop (SIGSTOP, Ctrl-Z): the program stays stopped,
-             * as it would untraced, while we keep watching. */
-            ptrace(PTRACE_LISTEN, p->pid, NULL, NULL);
-            continue;
-        } else if (event != 0) {
-            sig = 0;
+                        p->opt.provider, proc->name ? proc->name : p->opt.cmd[0]);
+            resume(p);
         }
-        /* A signal-delivery stop: hand the signal on. */
-        ptrace(PTRACE_CONT, p->pid, NULL, (void *)(long)sig);
+        break;
+    case DD_PROF_EV_EXIT:
+        proc->gone = true;
+        break;
+    default:
+        break;
     }
+    return 0;
 }
 
-/* Lets go of a command that is still running (Ctrl-C, -d): stops it with
- * PTRACE_INTERRUPT and detaches at that stop. A signal caught on the way
- * (the terminal's SIGINT reaches the command too) is handed on by the
- * detach itself; a tracer that just exited would swallow it. */
-void dd_prof_detach_child(struct prof *p)
+bool dd_prof_reap_command(struct prof *p, int *status)
 {
-    if (ptrace(PTRACE_INTERRUPT, p->pid, NULL, NULL) != 0)
-        return;
-    for (;;) {
-        int st;
-        if (waitpid(p->pid, &st, __WALL) != p->pid || !WIFSTOPPED(st))
-            return;
-        int event = st >> 16, sig = WSTOPSIG(st);
-        if (event == PTRACE_EVENT_EXEC || event == PTRACE_EVENT_EXIT) {
-            ptrace(PTRACE_CONT, p->pid, NULL, NULL);
-            continue;
-        }
-        ptrace(PTRACE_DETACH, p->pid, NULL, (void *)(long)(event ? 0 : sig));
-        return;
-    }
+    int st;
+    pid_t got;
+    do
+        got = waitpid(p->pid, &st, WNOHANG);
+    while (got < 0 && errno == EINTR);
+    if (got != p->pid)
+        return false;
+    *status = st;
+    return true;
 }
 
 /* Gone, or a zombie: it allocates nothing any more either way. */

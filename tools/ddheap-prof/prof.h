@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "flame.h"
+#include "intern.h"
 #include "objects.h"
 #include "table.h"
 #include "unwind.h"
@@ -37,28 +38,55 @@ struct options {
     bool unwind_fp;            /* --unwind=fp: the kernel's frame-pointer walk */
     unsigned long stack_bytes; /* --stack-bytes: user stack copied per sample */
     bool verbose;
+    /* Follow the processes the target forks (-f; on by default with
+     * -- CMD, off with -p; --no-follow). */
+    bool follow;
 };
 
 struct file_id {
     uint64_t dev, ino;
 };
 
+/* One process of the run: the target or a process it forked. Its
+ * objects are recorded while it lives, to symbolise its stacks at the end. */
+struct dd_prof_proc {
+    pid_t tgid, parent;
+    char *name;    /* its executable's base name, at its last exec */
+    uint64_t samples; /* alloc events from it */
+    bool gone;     /* exited: nothing more to scan */
+    struct dd_prof_objects objs;
+    /* Its DWARF unwinding session, built from objs on its first copied
+     * stack; freed at its exec and fork (objs replaced) and once it is
+     * gone and its events read (loop.c). NULL with --unwind=fp. */
+    struct dd_prof_unwinder *unwinder;
+};
+
 struct prof {
     struct options opt;
-    pid_t pid;
-    bool child; /* started by us, under ptrace */
+    pid_t pid; /* the target: the command started, or -p */
+    bool child; /* started by us (our child: stopped at its execs) */
+    int child_pidfd; /* readable once it has exited */
+    bool child_stopped;       /* at an exec or loader stop, waiting for us */
+    bool loader_stop_pending; /* it will stop when its loader has mapped */
     struct ddheap_prof_bpf *skel;
     struct ring_buffer *rb;
-    struct dd_prof_objects objs;
+    /* The processes seen, by tgid: procs[i] is the one of key i. */
+    struct dd_prof_keys proc_ids;
+    struct dd_prof_proc *procs;
+    size_t procs_cap;
+    struct file_id *loader_hooked; /* dynamic loaders hooked (on_loader) */
+    size_t nloader_hooked, loader_hooked_cap;
     struct dd_prof_table table;
-    struct dd_prof_unwinder *unwinder; /* NULL with --unwind=fp */
+    struct dd_prof_unwind_stats unwind_stats; /* of every process's session (-v) */
     uint64_t event_bytes, events;      /* read from the ring buffer (-v) */
+    struct bpf_link *tracepoint_links[3]; /* fork, exec, exit */
     struct bpf_link **links;
     size_t nlinks, links_cap;
     struct file_id *attached;
     size_t nattached, attached_cap;
     uint64_t interval; /* the process's sampling interval: pprof's period */
     bool oom;
+    bool interrupted; /* the run was ended by Ctrl-C, SIGTERM or -d */
     int64_t started_realtime, started_mono; /* ns, when profiling began */
 };
 
@@ -67,44 +95,74 @@ struct outputs {
     FILE *out, *svg, *folded;
 };
 
+
 /* cli.c: fills o from argv; exits 2 with the usage on bad input. */
 void dd_prof_parse_options(int argc, char **argv, struct options *o);
 
 /* process.c */
-pid_t dd_prof_start_command(char **cmd);
+/* Records the signal dispositions the command is to start with; call
+ * before changing any. */
+void dd_prof_record_signals(void);
+/* Forks CMD, which waits for ddheap-prof's word before its exec; the pid
+ * is followed (and stopped at each exec) from then on. Returns 0, or the
+ * exit status to end with (the message printed). */
+int dd_prof_start_command(struct prof *p);
+/* Lets the command go to its exec; returns 0, or 127 (not found) or 126
+ * (not runnable) if it could not be run (message printed). */
+int dd_prof_release_command(struct prof *p);
+/* The process entry of tgid, added if new (NULL when out of memory). */
+struct dd_prof_proc *dd_prof_proc_of(struct prof *p, pid_t tgid);
+/* Handles a process event (fork, exec, exit, loader) of the proc_events
+ * ring buffer. */
+int dd_prof_on_proc_event(void *ctx, void *data, size_t size);
+/* At the end of a run that the command outlives: no more stops, and if it
+ * is at one of ours, it goes on. */
+void dd_prof_let_go(struct prof *p);
+/* The exit status of the command once it has exited (its pidfd was
+ * readable); false if it has not. */
+bool dd_prof_reap_command(struct prof *p, int *status);
 /* The process's environment as execve wants it (NULL-terminated, its
  * strings in *buf_out); NULL if it cannot be read. Free both. */
 char **dd_prof_environment_of(pid_t pid, char **buf_out);
-/* Handles the child's pending state changes. Returns true once it has
- * exited (its wait status in *status); *exec_seen is set at its exec. */
-bool dd_prof_child_events(struct prof *p, int *status, bool *exec_seen);
-void dd_prof_detach_child(struct prof *p);
 bool dd_prof_process_gone(pid_t pid);
 /* The mean sampling interval the process runs with, as its environment
  * says (ddheap's default otherwise). */
 uint64_t dd_prof_interval_of(pid_t pid);
 
 /* attach.c */
-/* Attaches to every object with probes not attached yet. Returns the
- * number of objects attached so far, -1 if the maps could not be read. */
-int dd_prof_rescan(struct prof *p);
-/* For a process stopped at its exec: attaches to the libraries the
- * dynamic loader is about to map. */
-void dd_prof_attach_needed_libraries(struct prof *p);
+/* Rescans the maps of the process and attaches to every object with
+ * probes not attached yet. Returns the number of files attached so far,
+ * -1 if the maps could not be read. */
+int dd_prof_rescan(struct prof *p, struct dd_prof_proc *proc);
+/* Every followed process still running. */
+void dd_prof_rescan_all(struct prof *p);
+/* For a process stopped at its exec: hooks its dynamic loader (returns
+ * true: it will stop again once the loader has mapped the libraries), or
+ * else attaches to the libraries the loader is about to map. */
+bool dd_prof_prepare_exec(struct prof *p, struct dd_prof_proc *proc);
+/* Destroys every link; the uprobes go once ddheap-prof has exited. */
 void dd_prof_detach_all(struct prof *p);
 
 /* loop.c */
+/* Opens and loads the BPF programs, and attaches the process tracepoints. */
 int dd_prof_setup_bpf(struct prof *p);
+/* Adds a process to the BPF map of followed ones. */
+int dd_prof_follow(struct prof *p, pid_t tgid, uint32_t flags);
 /* Runs until Ctrl-C, -d, the process's end or a failure. Returns true if
  * the run was cut short (ring buffer error, out of memory); *exited and
  * *status tell whether (and how) a started command ended. */
-bool dd_prof_run_loop(struct prof *p, bool *exited, int *status, bool *exec_seen);
+bool dd_prof_run_loop(struct prof *p, bool *exited, int *status);
 void dd_prof_teardown_bpf(struct prof *p);
 int64_t dd_prof_now_ns(clockid_t clock);
 
 /* output.c */
+/* Creates each output as a temporary file beside it (exits 1 with a
+ * message if one cannot be): the real name appears only when complete. */
 void dd_prof_open_outputs(const struct options *o, struct outputs *f);
-/* Writes every output and closes the files. Returns 0 or -1. */
+/* Writes every output, closes it and gives it its name. Returns 0 or -1
+ * (then no output is left). */
 int dd_prof_write_outputs(struct prof *p, struct outputs *f);
+/* Removes the temporary files of outputs not written. */
+void dd_prof_discard_outputs(void);
 
 #endif

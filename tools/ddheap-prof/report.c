@@ -37,14 +37,31 @@ static bool is_allocator_location(const struct dd_prof_report *r, const struct d
     return dd_prof_is_allocator_frame(r->strings.v[r->funcs[l->function[l->n - 1]].system_name]);
 }
 
-/* The location of addr, resolved when first seen; -1 if out of memory. */
-static long location_of(struct dd_prof_report *r, struct dd_prof_symbolizer *sym,
-                        const struct dd_prof_objects *objs, uint64_t addr, bool return_address)
+/* What symbolises one process's stacks: its objects, their symbolizer
+ * (opened on first use) and its addresses, each numbered once. */
+struct process_view {
+    const struct dd_prof_process_objects *objects;
+    struct dd_prof_symbolizer *sym;
+    struct dd_prof_keys addrs;
+    uint32_t index;
+};
+
+/* The location of the process's addr, resolved when first seen; -1 if
+ * out of memory. */
+static long location_of(struct dd_prof_report *r, struct process_view *v, uint64_t addr,
+                        bool return_address)
 {
     int added;
-    long i = dd_prof_keys_intern(&r->addrs, addr, &added);
+    long local = dd_prof_keys_intern(&v->addrs, addr, &added);
+    if (local < 0)
+        return -1;
+    long i = dd_prof_keys_intern(&r->addrs, (uint64_t)v->index << 32 | (uint64_t)local, &added);
     if (i < 0 || !added)
         return i;
+    if (v->sym == NULL && (v->sym = dd_prof_symbolizer_new(v->objects->objs)) == NULL)
+        return -1;
+    struct dd_prof_symbolizer *sym = v->sym;
+    const struct dd_prof_objects *objs = v->objects->objs;
     struct dd_prof_location *grown = realloc(r->locs, r->addrs.cap * sizeof *grown);
     if (grown == NULL)
         return -1;
@@ -53,7 +70,7 @@ static long location_of(struct dd_prof_report *r, struct dd_prof_symbolizer *sym
     dd_prof_symbolize(sym, addr, return_address, &f);
     struct dd_prof_location *l = &r->locs[i];
     l->addr = addr;
-    l->object = f.object ? (long)(f.object - objs->v) : -1;
+    l->object = f.object ? (long)(v->objects->first + (size_t)(f.object - objs->v)) : -1;
     /* ddheap's hooks inlined into the allocator are left off too: the
      * location starts at the allocator's own line of the call. */
     unsigned skip = 0;
@@ -73,13 +90,35 @@ static long location_of(struct dd_prof_report *r, struct dd_prof_symbolizer *sym
     return i;
 }
 
+static void free_views(struct process_view *views, size_t n)
+{
+    for (size_t i = 0; views && i < n; i++) {
+        dd_prof_symbolizer_free(views[i].sym);
+        dd_prof_keys_free(&views[i].addrs);
+    }
+    free(views);
+}
+
 int dd_prof_report_build(struct dd_prof_report *r, const struct dd_prof_table *t,
-                         const struct dd_prof_objects *objs)
+                         const struct dd_prof_process_objects *procs, size_t nprocs)
 {
     memset(r, 0, sizeof *r);
-    struct dd_prof_symbolizer *sym = dd_prof_symbolizer_new(objs);
-    if (sym == NULL || dd_prof_strings_intern(&r->strings, "") != 0)
+    /* views[nprocs]: a process of which nothing was recorded. */
+    static const struct dd_prof_objects none;
+    const struct dd_prof_process_objects unknown = {0, &none, 0};
+    struct process_view *views = calloc(nprocs + 1, sizeof *views);
+    struct dd_prof_keys tgids = {0};
+    if (views == NULL || dd_prof_strings_intern(&r->strings, "") != 0)
         goto fail;
+    for (size_t i = 0; i <= nprocs; i++) {
+        views[i].objects = i < nprocs ? &procs[i] : &unknown;
+        views[i].index = (uint32_t)i;
+    }
+    for (size_t i = 0; i < nprocs; i++) {
+        int added;
+        if (dd_prof_keys_intern(&tgids, procs[i].tgid, &added) != (long)i)
+            goto fail; /* out of memory, or a tgid twice */
+    }
     r->stacks = calloc(t->nstacks ? t->nstacks : 1, sizeof *r->stacks);
     if (r->stacks == NULL)
         goto fail;
@@ -90,12 +129,18 @@ int dd_prof_report_build(struct dd_prof_report *r, const struct dd_prof_table *t
         out->locs = malloc((st->nframes ? st->nframes : 1) * sizeof *out->locs);
         if (out->locs == NULL)
             goto fail;
+        int added;
+        long pi = dd_prof_keys_intern(&tgids, st->tgid, &added);
+        if (pi < 0)
+            goto fail;
+        /* (A tgid not among procs gets an index from nprocs on.) */
+        struct process_view *v = &views[(size_t)pi < nprocs ? (size_t)pi : nprocs];
         /* The allocator's frames (ddheap's hooks, the wrapper or the
          * allocator that called them, operator new above it) are the
          * innermost ones: drop that run, so the caller is on top. */
         long keep_from = 0;
         for (uint32_t k = 0; k < st->nframes; k++) {
-            long loc = location_of(r, sym, objs, st->frames[k], k > 0);
+            long loc = location_of(r, v, st->frames[k], k > 0);
             if (loc < 0)
                 goto fail;
             out->locs[out->n++] = (uint32_t)loc;
@@ -107,10 +152,12 @@ int dd_prof_report_build(struct dd_prof_report *r, const struct dd_prof_table *t
             out->n -= (uint32_t)keep_from;
         }
     }
-    dd_prof_symbolizer_free(sym);
+    free_views(views, nprocs + 1);
+    dd_prof_keys_free(&tgids);
     return 0;
 fail:
-    dd_prof_symbolizer_free(sym);
+    free_views(views, nprocs + 1);
+    dd_prof_keys_free(&tgids);
     dd_prof_report_free(r);
     return -1;
 }

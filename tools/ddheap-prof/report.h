@@ -38,7 +38,7 @@ struct dd_prof_resolved {
 
 struct dd_prof_report {
     struct dd_prof_strings strings; /* index 0 is "" */
-    struct dd_prof_keys addrs;      /* location i has address addrs.v[i] */
+    struct dd_prof_keys addrs;      /* location i has key addrs.v[i] (process, address) */
     struct dd_prof_location *locs;
     struct dd_prof_keys func_keys; /* system_name << 32 | file */
     struct dd_prof_function *funcs;
@@ -47,8 +47,17 @@ struct dd_prof_report {
     bool any_lines; /* some location has file:line */
 };
 
+/* The objects of one process of the table's stacks (their tgid); they are
+ * the profile's mappings first ... first + objs->n - 1. */
+struct dd_prof_process_objects {
+    uint32_t tgid;
+    const struct dd_prof_objects *objs;
+    size_t first;
+};
+
+/* Each stack is symbolised with the objects of its own process. */
 int dd_prof_report_build(struct dd_prof_report *r, const struct dd_prof_table *t,
-                         const struct dd_prof_objects *objs);
+                         const struct dd_prof_process_objects *procs, size_t nprocs);
 void dd_prof_report_free(struct dd_prof_report *r);
 
 #endif

@@ -20,9 +20,9 @@ static uint64_t mix64(uint64_t x)
     return x;
 }
 
-static uint32_t hash_frames(const uint64_t *frames, uint32_t n)
+static uint32_t hash_frames(uint32_t tgid, const uint64_t *frames, uint32_t n)
 {
-    uint64_t h = n;
+    uint64_t h = mix64((uint64_t)tgid << 32 | n);
     for (uint32_t i = 0; i < n; i++)
         h = mix64(h ^ frames[i]) + i;
     return (uint32_t)h;
@@ -63,15 +63,17 @@ static int grow_stack_slots(struct dd_prof_table *t)
 
 /* The index of the stack with these frames, added if new; -1 if out of
  * memory. */
-static long intern_stack(struct dd_prof_table *t, const uint64_t *frames, uint32_t n)
+static long intern_stack(struct dd_prof_table *t, uint32_t tgid, const uint64_t *frames,
+                         uint32_t n)
 {
     if (2 * (t->nstacks + 1) > t->stack_slots_cap && grow_stack_slots(t) != 0)
         return -1;
-    uint32_t h = hash_frames(frames, n);
+    uint32_t h = hash_frames(tgid, frames, n);
     size_t mask = t->stack_slots_cap - 1, j = h & mask;
     for (; t->stack_slots[j] != 0; j = (j + 1) & mask) {
         const struct dd_prof_stack *s = &t->stacks[t->stack_slots[j] - 1];
-        if (s->hash == h && s->nframes == n && memcmp(s->frames, frames, n * sizeof *frames) == 0)
+        if (s->hash == h && s->tgid == tgid && s->nframes == n &&
+            memcmp(s->frames, frames, n * sizeof *frames) == 0)
             return (long)t->stack_slots[j] - 1;
     }
     if (t->nstacks == t->stacks_cap) {
@@ -86,14 +88,15 @@ static long intern_stack(struct dd_prof_table *t, const uint64_t *frames, uint32
     if (copy == NULL)
         return -1;
     memcpy(copy, frames, n * sizeof *frames);
-    t->stacks[t->nstacks] = (struct dd_prof_stack){.frames = copy, .nframes = n, .hash = h};
+    t->stacks[t->nstacks] =
+        (struct dd_prof_stack){.frames = copy, .nframes = n, .hash = h, .tgid = tgid};
     t->stack_slots[j] = (uint32_t)(t->nstacks + 1);
     return (long)t->nstacks++;
 }
 
-static size_t live_slot(const struct dd_prof_table *t, uint64_t ptr)
+static size_t live_slot(const struct dd_prof_table *t, uint32_t tgid, uint64_t ptr)
 {
-    return (size_t)mix64(ptr) & (t->live_cap - 1);
+    return (size_t)mix64(ptr ^ (uint64_t)tgid << 47 ^ tgid) & (t->live_cap - 1);
 }
 
 static int grow_live(struct dd_prof_table *t)
@@ -109,7 +112,7 @@ static int grow_live(struct dd_prof_table *t)
     for (size_t i = 0; i < old_cap; i++) {
         if (old[i].ptr == 0)
             continue;
-        size_t j = live_slot(t, old[i].ptr);
+        size_t j = live_slot(t, old[i].tgid, old[i].ptr);
         while (live[j].ptr != 0)
             j = (j + 1) & (cap - 1);
         live[j] = old[i];
@@ -118,11 +121,11 @@ static int grow_live(struct dd_prof_table *t)
     return 0;
 }
 
-/* The slot holding ptr, or the empty slot where it would go. */
-static size_t find_live(const struct dd_prof_table *t, uint64_t ptr)
+/* The slot holding the process's ptr, or the empty slot where it would go. */
+static size_t find_live(const struct dd_prof_table *t, uint32_t tgid, uint64_t ptr)
 {
-    size_t mask = t->live_cap - 1, j = live_slot(t, ptr);
-    while (t->live[j].ptr != 0 && t->live[j].ptr != ptr)
+    size_t mask = t->live_cap - 1, j = live_slot(t, tgid, ptr);
+    while (t->live[j].ptr != 0 && (t->live[j].ptr != ptr || t->live[j].tgid != tgid))
         j = (j + 1) & mask;
     return j;
 }
@@ -141,7 +144,7 @@ static void remove_slot(struct dd_prof_table *t, size_t j)
     size_t mask = t->live_cap - 1;
     size_t hole = j;
     for (size_t k = (j + 1) & mask; t->live[k].ptr != 0; k = (k + 1) & mask) {
-        size_t home = live_slot(t, t->live[k].ptr);
+        size_t home = live_slot(t, t->live[k].tgid, t->live[k].ptr);
         /* k may move into the hole when its home is not in (hole, k]. */
         bool between = hole <= k ? (home > hole && home <= k) : (home > hole || home <= k);
         if (!between) {
@@ -157,7 +160,7 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
                         const uint64_t *frames, uint32_t nframes)
 {
     uint64_t ptr = a->ptr, size = a->size, weight = a->weight;
-    long stack = intern_stack(t, frames, nframes);
+    long stack = intern_stack(t, a->tgid, frames, nframes);
     if (stack < 0)
         return -1;
     if (2 * (t->nlive + 1) > t->live_cap && grow_live(t) != 0)
@@ -169,7 +172,7 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
     s->inuse_space += (double)weight;
     s->inuse_objects += objects;
     t->allocs++;
-    size_t j = find_live(t, ptr);
+    size_t j = find_live(t, a->tgid, ptr);
     if (t->live[j].ptr == ptr) {
         /* The stream is balanced, so this means the free of the earlier
          * block was lost: it is not live any more. */
@@ -178,7 +181,7 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
     } else {
         t->nlive++;
     }
-    t->live[j] = (struct dd_prof_block){ptr, (uint32_t)stack, (double)weight, objects};
+    t->live[j] = (struct dd_prof_block){ptr, a->tgid, (uint32_t)stack, (double)weight, objects};
     return 0;
 }
 
@@ -190,7 +193,7 @@ void dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_samp
         t->unmatched_frees++;
         return;
     }
-    size_t j = find_live(t, ptr);
+    size_t j = find_live(t, f->tgid, ptr);
     if (t->live[j].ptr != ptr) {
         /* Sampled before we attached, or its alloc event was lost. */
         t->unmatched_frees++;

@@ -14,6 +14,7 @@ struct dd_prof_stack {
     uint64_t *frames; /* innermost first, as the kernel walked them */
     uint32_t nframes;
     uint32_t hash;
+    uint32_t tgid; /* the same addresses in two processes are two stacks */
     /* Estimates: sums of weights (bytes) and of weight / size (objects). */
     double alloc_objects, alloc_space;
     double inuse_objects, inuse_space;
@@ -21,6 +22,7 @@ struct dd_prof_stack {
 
 struct dd_prof_block {
     uint64_t ptr; /* 0: empty slot */
+    uint32_t tgid; /* a block is (process, address) */
     uint32_t stack;
     double weight, objects;
 };

@@ -1,13 +1,15 @@
 /*
  * DWARF unwinding of copied stacks (unwind.h), the way perf unwinds its
- * --call-graph dwarf samples: one libdwfl session for the process, its
+ * --call-graph dwarf samples: one libdwfl session per process, its
  * modules reported from the objects recorded for it (each at its load
  * bias), and "thread state" callbacks that hand libdwfl the registers the
  * probe saw and serve its memory reads from the copy of the stack (and
  * from the read-only segments of the mapped files).
  *
- * The session lives as long as the process: libdwfl keeps each module's
- * parsed CFI, so an unwind costs the walk, not the parse. A module is
+ * The session lives as long as the process's image (the caller frees it
+ * at an exec, and once the process has exited and its last events are
+ * unwound): libdwfl keeps each module's parsed CFI, so an unwind costs the
+ * walk, not the parse. A module is
  * reported when its object is first recorded; an object mapped over the
  * range of an earlier one (dlclose, then dlopen at the same address)
  * rebuilds the session from the latest object of each range.
@@ -32,8 +34,11 @@
 #define RESCAN_NS 20000000LL
 
 struct dd_prof_unwinder {
-    struct dd_prof_objects *objs;
+    const struct dd_prof_objects *objs; /* the process's, as of this call */
     pid_t pid;
+    dd_prof_rescan_fn *rescan;
+    void *rescan_arg;
+    struct dd_prof_unwind_stats *stats;
     Dwfl *dwfl;
     size_t reported; /* objs->v[0, reported) have been considered */
     int64_t last_rescan_ns;
@@ -43,7 +48,6 @@ struct dd_prof_unwinder {
     uint64_t *frames;
     uint32_t n, max;
     bool too_deep;
-    struct dd_prof_unwind_stats stats;
 };
 
 static char *debuginfo_path;
@@ -195,7 +199,9 @@ static void sync_modules(struct dd_prof_unwinder *u)
 {
     if (u->reported == u->objs->n && u->dwfl)
         return;
-    bool fresh = u->dwfl == NULL;
+    /* (Fewer objects than reported: a list replaced under the session,
+     * which the caller should not do; start afresh rather than trust it.) */
+    bool fresh = u->dwfl == NULL || u->reported > u->objs->n;
     for (size_t i = u->reported; i < u->objs->n && !fresh; i++)
         for (size_t j = 0; j < i && !fresh; j++)
             fresh = overlap(&u->objs->v[i], &u->objs->v[j]);
@@ -210,13 +216,16 @@ static void sync_modules(struct dd_prof_unwinder *u)
     u->reported = u->objs->n;
 }
 
-struct dd_prof_unwinder *dd_prof_unwinder_new(struct dd_prof_objects *objs, pid_t pid)
+struct dd_prof_unwinder *dd_prof_unwinder_new(pid_t pid, struct dd_prof_unwind_stats *stats,
+                                              dd_prof_rescan_fn *rescan, void *rescan_arg)
 {
     struct dd_prof_unwinder *u = calloc(1, sizeof *u);
     if (u == NULL)
         return NULL;
-    u->objs = objs;
     u->pid = pid;
+    u->stats = stats;
+    u->rescan = rescan;
+    u->rescan_arg = rescan_arg;
     return u;
 }
 
@@ -248,23 +257,25 @@ static void walk(struct dd_prof_unwinder *u)
         dwfl_getthread_frames(u->dwfl, u->pid, on_frame, u);
 }
 
-uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_stack_copy *copy,
-                        uint64_t *frames, uint32_t max)
+uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_objects *objs,
+                        const struct dd_prof_stack_copy *copy, uint64_t *frames, uint32_t max)
 {
     int64_t t0 = monotonic_ns();
     if (max < 2)
         return 0;
+    u->objs = objs;
     u->copy = copy;
     u->frames = frames;
     u->max = max;
     sync_modules(u);
     walk(u);
     /* A frame in no recorded object: a library mapped since the last
-     * scan. Scan the maps again (while the process lives) and retry. */
+     * scan. The caller scans this process's maps again (while it lives,
+     * attaching to any new object with probes) and the walk is retried. */
     uint64_t last = u->n ? frames[u->n - 1] : copy->regs[DD_PROF_REG_PC];
     if (dd_prof_objects_find(u->objs, last) == NULL && t0 - u->last_rescan_ns > RESCAN_NS) {
         u->last_rescan_ns = t0;
-        if (dd_prof_objects_scan(u->objs, u->pid) > 0) {
+        if (u->rescan(u->rescan_arg, u->pid)) {
             sync_modules(u);
             walk(u);
         }
@@ -279,17 +290,12 @@ uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_stack_c
     bool truncated = u->too_deep || u->read_past_copy;
     if (truncated) {
         frames[u->n++] = DD_PROF_TRUNCATED_FRAME;
-        u->stats.truncated++;
+        u->stats->truncated++;
     }
-    u->stats.stacks++;
-    u->stats.frames += u->n;
-    u->stats.ns += (uint64_t)(monotonic_ns() - t0);
+    u->stats->stacks++;
+    u->stats->frames += u->n;
+    u->stats->ns += (uint64_t)(monotonic_ns() - t0);
     return u->n;
-}
-
-const struct dd_prof_unwind_stats *dd_prof_unwind_stats(const struct dd_prof_unwinder *u)
-{
-    return &u->stats;
 }
 
 void dd_prof_unwinder_free(struct dd_prof_unwinder *u)

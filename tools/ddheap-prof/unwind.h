@@ -23,6 +23,10 @@
  * "[truncated]". */
 #define DD_PROF_TRUNCATED_FRAME 0xfffffffffffff000ull
 
+/* One process's unwinding session. It is built from the process's objects
+ * and follows their growth (a rescan, a dlopen); when the process replaces
+ * them (a fork's copy of its parent's, an exec), free the session and
+ * start a new one. */
 struct dd_prof_unwinder;
 
 /* The stack as one alloc event carries it. */
@@ -38,15 +42,21 @@ struct dd_prof_unwind_stats {
     uint64_t ns; /* time spent unwinding */
 };
 
-/* objs is the process's record of its mappings; it is rescanned (pid,
- * while the process lives) when a frame's address is in no object. */
-struct dd_prof_unwinder *dd_prof_unwinder_new(struct dd_prof_objects *objs, pid_t pid);
+/* What a session calls when a frame's address is in no object of the
+ * process: rescan its maps into the objects given to dd_prof_unwind (at
+ * most every 20 ms per session). Returns whether any object was added. */
+typedef bool dd_prof_rescan_fn(void *arg, pid_t pid);
+
+/* A session for the process pid; what it costs is added to *stats. */
+struct dd_prof_unwinder *dd_prof_unwinder_new(pid_t pid, struct dd_prof_unwind_stats *stats,
+                                              dd_prof_rescan_fn *rescan, void *rescan_arg);
 /* Fills frames (innermost first: the probe site, then return addresses)
  * and returns how many; at most max, the last possibly
- * DD_PROF_TRUNCATED_FRAME. */
-uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_stack_copy *copy,
-                        uint64_t *frames, uint32_t max);
-const struct dd_prof_unwind_stats *dd_prof_unwind_stats(const struct dd_prof_unwinder *u);
+ * DD_PROF_TRUNCATED_FRAME. objs is the process's list of objects, the
+ * one the session has been following (it may have moved in memory since
+ * the last call, but not been replaced); rescan adds to it. */
+uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_objects *objs,
+                        const struct dd_prof_stack_copy *copy, uint64_t *frames, uint32_t max);
 void dd_prof_unwinder_free(struct dd_prof_unwinder *u);
 
 #endif

@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""ddheap-prof and processes: following forks and execs (each sample
+labelled with its pid), passing the command's exit status on, leaving the
+command's signals alone, attaching to a process in its own mount
+namespace and to a library deleted after loading, and failing cleanly
+(no empty or partial output files).
+
+    test_follow.py TEST DDHEAP_PROF ARTIFACT_DIR [EXTRA...]
+
+TEST is one of the keys of TESTS. Needs root (BPF); exits 77 (skipped)
+only when not root, and fails when go is missing. Ends with
+"N passed, N failed".
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from harness import Failure, run_checks
+
+TIMEOUT = 120
+
+
+def go_pprof(profile, *args):
+    """`go tool pprof ARGS PROFILE`, offline, caches in a scratch HOME."""
+    if shutil.which("go") is None:
+        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
+    home = tempfile.mkdtemp(prefix="ddheap-follow-go-")
+    try:
+        r = subprocess.run(
+            ["go", "tool", "pprof", "-symbolize=none", *args, profile], capture_output=True,
+            text=True, timeout=TIMEOUT,
+            env={**os.environ, "HOME": home, "GOCACHE": home + "/c", "GOPATH": home + "/p",
+                 "GOTOOLCHAIN": "local", "GOPROXY": "off", "PPROF_TMPDIR": home})
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    if r.returncode != 0:
+        raise Failure(f"go tool pprof {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def traces(profile, sample_index):
+    """The profile's samples as `pprof -traces` prints them: a list of
+    (labels {name: value}, value, frames innermost first)."""
+    out = []
+    for block in go_pprof(profile, "-traces", "-unit=byte",
+                          f"-sample_index={sample_index}").split("-----------+")[1:]:
+        labels, value, frames = {}, None, []
+        for line in block.splitlines()[1:]:
+            m = re.match(r"^\s+(\w+):\s+(\S+)$", line)
+            if m and value is None:
+                labels[m.group(1)] = m.group(2)
+                continue
+            m = re.match(r"^\s+(\d+)\S*\s+(\S+)", line)
+            if m and value is None:
+                value = int(m.group(1))
+                frames.append(m.group(2))
+            elif line.strip():
+                frames.append(line.split()[0])
+        if value is not None:
+            out.append((labels, value, frames))
+    return out
+
+
+def per_pid(samples):
+    """{pid: total value} over the samples."""
+    sums = {}
+    for labels, value, _ in samples:
+        pid = int(labels.get("pid", -1))
+        sums[pid] = sums.get(pid, 0) + value
+    return sums
+
+
+def run(prof, args, env=None, **kw):
+    return subprocess.run([prof] + args, capture_output=True, text=True, timeout=TIMEOUT,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+def test_follow(c, prof, artifacts, extra):
+    """A parent, a forked child and an exec'd child, at R = 1: every
+    process's allocations are in the profile, exactly, under its own pid
+    label; the parent's exit status 3 is ddheap-prof's, with the program
+    named. --no-follow keeps the parent only."""
+    (forker,) = extra
+    pb = os.path.join(artifacts, "follow.pb.gz")
+    count = 40
+    r = run(prof, ["-o", pb, "--", forker, str(count), "3"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+    c.equal(r.returncode, 3, f"ddheap-prof passes the command's exit status on ({r.stderr.strip()[-300:]})")
+    c.check(re.search(r"prof-forker \(pid \d+\) exited with status 3", r.stderr) is not None,
+            "stderr names the program and its status")
+    truth = {}  # pid -> (site, bytes, count)
+    for line in r.stdout.splitlines():
+        m = re.match(r"pid (\d+) site (\S+) alloc_bytes (\d+) alloc_count (\d+)", line)
+        if m:
+            truth[int(m.group(1))] = (m.group(2), int(m.group(3)), int(m.group(4)))
+    c.equal(sorted(s for s, _, _ in truth.values()),
+            ["site_exec_child", "site_forked_child", "site_parent"],
+            f"the workload ran its three processes ({r.stdout.strip()})")
+    space = per_pid(traces(pb, "alloc_space"))
+    objects = per_pid(traces(pb, "alloc_objects"))
+    for pid, (site, nbytes, n) in truth.items():
+        c.equal((space.get(pid, 0), objects.get(pid, 0)), (nbytes, n),
+                f"{site}: alloc_space and alloc_objects under pid label {pid}")
+    c.check(set(space) == set(truth), f"only those pids carry samples: {sorted(space)}")
+    # The parent's objects are read at its loader stop, and a forked child
+    # has its parent's: their frames are named. (An exec'd grandchild that
+    # lives a millisecond may end before its mappings are read.)
+    named = {int(labels["pid"]) for labels, _, frames in traces(pb, "alloc_objects")
+             for f in frames if f.startswith("site_")}
+    for pid, (site, _, _) in truth.items():
+        if site != "site_exec_child":
+            c.check(pid in named, f"{site}'s frames are named")
+
+    pb1 = os.path.join(artifacts, "no-follow.pb.gz")
+    r = run(prof, ["--no-follow", "-o", pb1, "--", forker, str(count), "0"],
+            {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+    c.equal(r.returncode, 0, "--no-follow: exit status")
+    parent = [int(m.group(1)) for m in re.finditer(r"pid (\d+) site site_parent", r.stdout)]
+    c.equal(sorted(per_pid(traces(pb1, "alloc_space"))), parent,
+            "--no-follow: the command's own pid only")
+
+
+def test_pid_follow(c, prof, artifacts, extra):
+    """-p PID -f: a running process, and the processes it forks from then
+    on, each under its pid; without -f, the process alone."""
+    (forker,) = extra
+    for follow in (True, False):
+        what = "-p -f" if follow else "-p"
+        pb = os.path.join(artifacts, "pid-follow.pb.gz" if follow else "pid-alone.pb.gz")
+        err = tempfile.NamedTemporaryFile(mode="w+", prefix="ddheap-follow-")
+        w = subprocess.Popen([forker, "30", "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PROF_FORKER_WAIT": "1",
+                                             "DD_HEAP_SAMPLING_INTERVAL": "1"})
+        p = None
+        try:
+            if w.stdout.readline().strip() != "forker: ready":
+                raise Failure("prof-forker did not start")
+            p = subprocess.Popen([prof, "-p", str(w.pid), "-o", pb] + (["-f"] if follow else []),
+                                 stderr=err, text=True)
+            wait_for_text(err.name, "profiling pid", p)
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            out = w.stdout.read()
+            c.equal(w.wait(timeout=TIMEOUT), 0, f"{what}: the program's exit status")
+            c.equal(p.wait(timeout=TIMEOUT), 0, f"{what}: ddheap-prof's exit status")
+        finally:
+            for proc in (w, p):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        truth = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
+            r"pid (\d+) site \S+ alloc_bytes (\d+)", out)}
+        want = truth if follow else {w.pid: truth.get(w.pid)}
+        c.equal(per_pid(traces(pb, "alloc_space")), want,
+                f"{what}: alloc_space per pid label")
+
+
+def test_git(c, prof, artifacts, extra):
+    """`ddheap-prof -f -- ddheap-run git gc` on a small repository: git gc
+    does its work in children (pack-objects, repack, ...), which carry the
+    preload library too; their samples are in the profile under their own
+    pid labels. A failing git's status is ddheap-prof's."""
+    (ddheap_run,) = extra
+    if shutil.which("git") is None:
+        raise Failure("git is not installed")
+    repo = tempfile.mkdtemp(prefix="ddheap-follow-git-")
+    try:
+        env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org",
+               "GIT_CONFIG_NOSYSTEM": "1", "HOME": repo}
+        git = lambda *a: subprocess.run(["git", "-C", repo, *a], check=True, capture_output=True,
+                                        env={**os.environ, **env}, timeout=TIMEOUT)
+        git("init", "-q")
+        for i in range(30):
+            with open(os.path.join(repo, f"f{i % 7}.txt"), "a") as f:
+                f.write(f"line {i}\n" * 200)
+            git("add", "-A")
+            git("commit", "-q", "-m", f"c{i}")
+        pb = os.path.join(artifacts, "git-gc.pb.gz")
+        r = run(prof, ["-f", "-o", pb, "--", ddheap_run, "git", "-C", repo, "gc", "-q"],
+                {**env, "DD_HEAP_SAMPLING_INTERVAL": "4096"})
+        c.equal(r.returncode, 0, f"ddheap-prof -- git gc ({r.stderr.strip()[-400:]})")
+        m = re.search(r"profiling pid (\d+)", r.stderr)
+        top = int(m.group(1)) if m else None
+        pids = per_pid(traces(pb, "alloc_space"))
+        c.check(top in pids, f"git's own samples, pid {top}: {sorted(pids)}")
+        children = sorted(p for p in pids if p != top and p > 0)
+        c.check(len(children) >= 1, f"samples of git gc's children, each under its pid: {children}")
+        c.check(-1 not in pids, "every sample has a pid label")
+
+        r = run(prof, ["-o", os.path.join(artifacts, "git-fail.pb.gz"), "--", ddheap_run, "git",
+                       "-C", repo, "no-such-command"], env)
+        c.equal(r.returncode, 1, "a failing git's exit status is ddheap-prof's")
+        c.check(re.search(r"git \(pid \d+\) exited with status 1", r.stderr) is not None,
+                f"the program is named, not the wrapper: {r.stderr.strip()[-200:]}")
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+def alarm_count(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT,
+                       env={**os.environ, "DD_HEAP_SAMPLING_INTERVAL": "64"})
+    m = re.search(r"alarm: signals (\d+) blocks (\d+)", r.stdout)
+    if r.returncode != 0 or not m:
+        raise Failure(f"{cmd} failed ({r.returncode}): {r.stdout} {r.stderr}")
+    return int(m.group(1)), r.stderr
+
+
+def test_signals(c, prof, artifacts, extra):
+    """A program taking a SIGALRM every millisecond for 2 s (setitimer),
+    sampling every block: under ddheap-prof it gets as many as without
+    (within 5 %): nothing holds its signals. The machine is shared, so a
+    pair of runs out of range is tried again, up to three pairs; a
+    profiler that holds signals loses most of them in every pair."""
+    (alarm,) = extra
+    pb = os.path.join(artifacts, "signals.pb.gz")
+    for attempt in range(3):
+        bare, _ = alarm_count([alarm, "2"])
+        traced, err = alarm_count([prof, "-o", pb, "--", alarm, "2"])
+        close = abs(traced - bare) <= 0.05 * bare
+        print(f"# attempt {attempt + 1}: {bare} signals bare, {traced} under ddheap-prof")
+        if close:
+            break
+    c.check(close, f"signals under ddheap-prof {traced}, without {bare}: within 5 %")
+    c.check("attached to" in err, "ddheap-prof attached to the program")
+    c.check(sum(per_pid(traces(pb, "alloc_objects")).values()) > 0,
+            "the profile has the program's samples")
+
+
+def drive_dlopen(proc, wait_attached, lines):
+    """prof-dlopen's protocol: ready, load, loaded, (attach), work, done."""
+    def expect(prefix):
+        line = proc.stdout.readline()
+        lines.append(line.rstrip("\n"))
+        if not line.startswith(prefix):
+            raise Failure(f"wanted {prefix!r} from prof-dlopen, got {line!r}")
+    expect("dlopen: ready")
+    proc.stdin.write("load\n")
+    proc.stdin.flush()
+    expect("dlopen: loaded")
+    wait_attached()
+    proc.stdin.write("work\n")
+    proc.stdin.flush()
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+
+
+def wait_for_text(path, text, proc):
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        with open(path) as f:
+            err = f.read()
+        if text in err:
+            return err
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise Failure(f"ddheap-prof never printed {text!r}:\n{err}")
+        time.sleep(0.02)
+
+
+def check_plugin(c, pb, lines, library, what):
+    """At R = 1 the plugin's site holds exactly its truth, named from the
+    library's symbols, with the library (as the process names it) among
+    the profile's mappings."""
+    m = re.search(r"site site_plugin_blocks alloc_bytes (\d+) alloc_count (\d+)", "\n".join(lines))
+    if not m:
+        raise Failure(f"no truth from prof-dlopen: {lines}")
+    samples = traces(pb, "alloc_space")
+    got = sum(v for _, v, frames in samples if "site_plugin_blocks" in frames)
+    c.equal(got, int(m.group(1)), f"{what}: site_plugin_blocks (named) alloc_space")
+    mappings = go_pprof(pb, "-raw").split("\nMappings\n")[-1]
+    c.check(library in mappings, f"{what}: {library} is a mapping of the profile")
+
+
+def test_namespace(c, prof, artifacts, extra):
+    """A command in its own mount namespace (`unshare -m`) loads a copy of
+    the plugin from a tmpfs mounted there: the path exists only in that
+    namespace, so it can be attached only through /proc/PID/map_files."""
+    dlopen_main, plugin = extra
+    where = tempfile.mkdtemp(prefix="ddheap-follow-ns-")
+    library = os.path.join(where, "libprof-ns.so")
+    pb = os.path.join(artifacts, "namespace.pb.gz")
+    err = tempfile.NamedTemporaryFile(mode="w+", prefix="ddheap-follow-")
+    script = 'mount -t tmpfs tmpfs "$1" && cp "$2" "$3" && exec "$4" "$3" 50'
+    p = subprocess.Popen([prof, "-o", pb, "--", "unshare", "-m", "sh", "-c", script, "sh", where,
+                          plugin, library, dlopen_main], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=err, text=True,
+                         env={**os.environ, "DD_HEAP_SAMPLING_INTERVAL": "1"})
+    lines = []
+    try:
+        def attached():
+            wait_for_text(err.name, "attached to " + library, p)
+            c.check(not os.path.exists(library),
+                    "the library's path does not exist outside the namespace")
+        drive_dlopen(p, attached, lines)
+        c.equal(p.wait(timeout=TIMEOUT), 0, "ddheap-prof's exit status")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        shutil.rmtree(where, ignore_errors=True)
+    check_plugin(c, pb, lines, library, "own mount namespace")
+
+
+def test_deleted(c, prof, artifacts, extra):
+    """A running process (-p) whose plugin was deleted after it was
+    loaded: attached through /proc/PID/map_files, symbolised from the
+    descriptor ddheap-prof keeps, named as the process's maps name it."""
+    dlopen_main, plugin = extra
+    where = tempfile.mkdtemp(prefix="ddheap-follow-del-")
+    library = os.path.join(where, "libprof-deleted.so")
+    shutil.copy(plugin, library)
+    pb = os.path.join(artifacts, "deleted.pb.gz")
+    err = tempfile.NamedTemporaryFile(mode="w+", prefix="ddheap-follow-")
+    w = subprocess.Popen([dlopen_main, library, "50"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "DD_HEAP_SAMPLING_INTERVAL": "1"})
+    p = None
+    lines = []
+    try:
+        def attach():
+            nonlocal p
+            os.unlink(library)
+            p = subprocess.Popen([prof, "-p", str(w.pid), "-o", pb], stderr=err, text=True)
+            wait_for_text(err.name, f"attached to {library} (deleted)", p)
+        drive_dlopen(w, attach, lines)
+        c.equal(w.wait(timeout=TIMEOUT), 0, "the program's exit status")
+        c.equal(p.wait(timeout=TIMEOUT), 0, "ddheap-prof's exit status (it ends with the process)")
+    finally:
+        for proc in (w, p):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(where, ignore_errors=True)
+    check_plugin(c, pb, lines, library, "deleted library")
+
+
+def test_outputs(c, prof, artifacts, extra):
+    """Bad runs: a clear message, a non-zero status where something
+    failed, and no output file (empty, partial or temporary) left."""
+    (forker,) = extra
+
+    def case(what, args, rc, message, outputs=("x.pb.gz",)):
+        where = tempfile.mkdtemp(prefix="ddheap-follow-out-", dir=artifacts)
+        try:
+            paths = []
+            for name, flag in zip(outputs, ("-o", "--svg", "--folded")):
+                paths += [flag, name if name.startswith("/") else os.path.join(where, name)]
+            r = run(prof, paths + args)
+            c.check(r.returncode == rc and message in r.stderr,
+                    f"{what}: exit {r.returncode} (want {rc}), stderr {r.stderr.strip()[-200:]!r}")
+            c.equal(os.listdir(where), [], f"{what}: no file left")
+        finally:
+            shutil.rmtree(where, ignore_errors=True)
+
+    case("no probes ever mapped", ["--", "true"], 1,
+         "never mapped an object with ddheap:alloc probes")
+    case("no probes, the command failing", ["--", "sh", "-c", "exit 3"], 3,
+         "exited with status 3")
+    case("the command killed by a signal", ["--", "sh", "-c", "kill -TERM $$"], 128 + 15,
+         "was killed by signal 15")
+    case("a command that does not exist", ["--", "/nonexistent-program"], 127,
+         "cannot run /nonexistent-program")
+    not_executable = os.path.join(artifacts, "not-executable.txt")
+    with open(not_executable, "w") as f:
+        f.write("data\n")
+    os.chmod(not_executable, 0o644)
+    case("a command that is not executable", ["--", not_executable], 126,
+         f"cannot run {not_executable}: Permission denied")
+    case("an --svg that cannot be written", ["--", forker, "1", "0"], 1,
+         "cannot write /nonexistent-dir/x.svg", ("x.pb.gz", "/nonexistent-dir/x.svg"))
+    case("a --folded that is a directory", ["--", forker, "1", "0"], 1,
+         f"cannot write {artifacts}", ("x.pb.gz", "x.svg", artifacts))
+    # And a good run leaves exactly its outputs.
+    where = tempfile.mkdtemp(prefix="ddheap-follow-out-", dir=artifacts)
+    try:
+        r = run(prof, ["-o", os.path.join(where, "x.pb.gz"), "--svg", os.path.join(where, "x.svg"),
+                       "--", forker, "5", "0"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+        c.equal((r.returncode, sorted(os.listdir(where))), (0, ["x.pb.gz", "x.svg"]),
+                "a good run: its outputs and nothing else")
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+TESTS = {"follow": test_follow, "pid-follow": test_pid_follow, "git": test_git, "signals": test_signals,
+         "namespace": test_namespace, "deleted": test_deleted, "outputs": test_outputs}
+
+
+def main():
+    if len(sys.argv) < 4 or sys.argv[1] not in TESTS:
+        print(__doc__)
+        return 2
+    name, prof, artifacts = sys.argv[1:4]
+    if os.geteuid() != 0:
+        print("SKIP: ddheap-prof loads BPF programs and needs root")
+        return 77
+    os.makedirs(artifacts, exist_ok=True)
+    extra = sys.argv[4:]
+    return run_checks(name, lambda c: TESTS[name](c, prof, artifacts, extra), require=None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
