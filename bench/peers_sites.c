@@ -63,13 +63,13 @@ static void uncounted_free(int site, void *p, size_t size)
     free(p);
 }
 
-static uint64_t rng = 0x9e3779b97f4a7c15u;
+/* Knuth's MMIX linear congruential generator, high bits: the same
+ * sequence of sizes in every run, under every profiler. */
+static uint64_t rng = 1;
 static uint64_t next_random(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    rng = rng * 6364136223846793005u + 1442695040888963407u;
+    return rng >> 33;
 }
 
 __attribute__((noinline)) static void site_small(void)
