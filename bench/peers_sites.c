@@ -13,7 +13,7 @@
  * a profiler that reports the usable size instead of the requested one
  * reports the same bytes. At the end it prints the truth, one line per site:
  *
- *   site small alloc_bytes 123 live_bytes 0 allocs 4567
+ *   site small alloc_bytes 123 live_bytes 0 allocs 4567 live_allocs 0
  *
  * and, with --hold, stops itself (SIGSTOP) before returning, so that a
  * profiler which reads the process's memory maps when it reports (bcc's
@@ -30,11 +30,11 @@
 
 struct site_truth {
     const char *name;
-    unsigned long long alloc_bytes, live_bytes, allocs;
+    unsigned long long alloc_bytes, live_bytes, allocs, live_allocs;
 };
 
 enum { SMALL, LARGE, LEAK, NSITES };
-static struct site_truth truth[NSITES] = {{"small", 0, 0, 0}, {"large", 0, 0, 0}, {"leak", 0, 0, 0}};
+static struct site_truth truth[NSITES] = {{"small", 0, 0, 0, 0}, {"large", 0, 0, 0, 0}, {"leak", 0, 0, 0, 0}};
 
 /* The pointer escapes, so the compiler cannot pair malloc with free and
  * drop both. */
@@ -54,12 +54,14 @@ static void *counted(int site, size_t size)
     truth[site].alloc_bytes += size;
     truth[site].live_bytes += size;
     truth[site].allocs++;
+    truth[site].live_allocs++;
     return p;
 }
 
 static void uncounted_free(int site, void *p, size_t size)
 {
     truth[site].live_bytes -= size;
+    truth[site].live_allocs--;
     free(p);
 }
 
@@ -144,8 +146,9 @@ int main(int argc, char **argv)
             leaked[nleaked++] = p;
     }
     for (int s = 0; s < NSITES; s++)
-        printf("site %s alloc_bytes %llu live_bytes %llu allocs %llu\n", truth[s].name,
-               truth[s].alloc_bytes, truth[s].live_bytes, truth[s].allocs);
+        printf("site %s alloc_bytes %llu live_bytes %llu allocs %llu live_allocs %llu\n",
+               truth[s].name, truth[s].alloc_bytes, truth[s].live_bytes, truth[s].allocs,
+               truth[s].live_allocs);
     fflush(stdout);
     if (hold)
         raise(SIGSTOP);
