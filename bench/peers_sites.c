@@ -131,7 +131,7 @@ int main(int argc, char **argv)
         }
     }
     unsigned long steps = scale * 1000;
-    /* Large blocks are kept: one per 1024 steps, about 115 MiB at the
+    /* Large blocks are kept: one per 1024 steps, about 110 MB at the
      * default scale, allocated as the run goes. */
     size_t kept_cap = steps / 1024 + 1, leak_cap = steps / 16 + 1, nkept = 0, nleaked = 0;
     void **kept = calloc(kept_cap, sizeof *kept), **leaked = calloc(leak_cap, sizeof *leaked);
