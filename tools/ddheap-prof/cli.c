@@ -18,9 +18,15 @@ static void usage(FILE *to)
           "                   [--svg FILE] [--folded FILE] [--provider ddheap|otel_memory]\n"
           "                   [--value inuse_space|alloc_space|inuse_objects|alloc_objects]\n"
           "                   [--ringbuf-kb KB] [-v]\n"
+          "                   [--peak FILE.pb.gz] [--every SECONDS [--max-files N]]\n"
+          "                   [--report FILE]\n"
           "Profiles the heap of a ddheap-instrumented process; writes a gzipped pprof\n"
           "profile (default ddheap-prof.pb.gz) on Ctrl-C, after -d SECONDS, or when CMD\n"
-          "exits. --svg and --folded show --value (default inuse_space).\n",
+          "exits. --svg and --folded show --value (default inuse_space); for a CMD that\n"
+          "freed everything, they show the heap at its peak. --peak writes the profile\n"
+          "at the peak. --every writes a numbered profile every SECONDS (-o's name with\n"
+          "a number, or -o as a pattern with %d or %04d), as does SIGUSR1; --max-files\n"
+          "keeps the newest N. --report writes lifetimes per site and leak suspects.\n",
           to);
 }
 
@@ -33,7 +39,8 @@ static void die_usage(const char *what)
 
 void dd_prof_parse_options(int argc, char **argv, struct options *o)
 {
-    enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_HELP };
+    enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_HELP, OPT_PEAK,
+           OPT_EVERY, OPT_MAX_FILES, OPT_REPORT };
     static const struct option longs[] = {
         {"pid", required_argument, NULL, 'p'},       {"duration", required_argument, NULL, 'd'},
         {"output", required_argument, NULL, 'o'},    {"svg", required_argument, NULL, OPT_SVG},
@@ -42,6 +49,9 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         {"value", required_argument, NULL, OPT_VALUE},
         {"ringbuf-kb", required_argument, NULL, OPT_RINGBUF},
         {"verbose", no_argument, NULL, 'v'},         {"help", no_argument, NULL, OPT_HELP},
+        {"peak", required_argument, NULL, OPT_PEAK}, {"every", required_argument, NULL, OPT_EVERY},
+        {"max-files", required_argument, NULL, OPT_MAX_FILES},
+        {"report", required_argument, NULL, OPT_REPORT},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.out_path = "ddheap-prof.pb.gz", .provider = "ddheap",
                           .value = DD_PROF_INUSE_SPACE, .ringbuf_kb = 16384};
@@ -89,12 +99,31 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
                 die_usage("--ringbuf-kb needs a size in KiB, 4 to 2097152");
             break;
         case 'v': o->verbose = true; break;
+        case OPT_PEAK: o->peak_path = optarg; break;
+        case OPT_REPORT: o->report_path = optarg; break;
+        case OPT_EVERY:
+            errno = 0;
+            o->every = strtod(optarg, &end);
+            /* Under 10 ms a snapshot (symbolising every stack) would be
+             * the whole of ddheap-prof's work. */
+            if (errno || *end || end == optarg || !(o->every >= 0.01) || o->every > 1e6)
+                die_usage("--every needs a number of seconds, 0.01 or more");
+            break;
+        case OPT_MAX_FILES: {
+            errno = 0;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (errno || *end || end == optarg || v == 0 || v > 1000000)
+                die_usage("--max-files needs a count, 1 or more");
+            o->max_files = (unsigned)v;
+            break;
+        }
         case OPT_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }
     }
     if (optind < argc)
         o->cmd = argv + optind;
+
     if ((o->pid != 0) == (o->cmd != NULL))
         die_usage(o->pid ? "give -p PID or -- CMD, not both" : "give -p PID or -- CMD");
 }

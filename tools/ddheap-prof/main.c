@@ -54,12 +54,14 @@ static void free_run(struct prof *p)
     dd_prof_table_free(&p->table);
     free(p->links);
     free(p->attached);
+    dd_prof_snapshots_free(p);
 }
 
 int main(int argc, char **argv)
 {
     static struct prof p;
     dd_prof_parse_options(argc, argv, &p.opt);
+    dd_prof_snapshots_setup(&p);
     dd_prof_objects_set_provider(p.opt.provider);
     dd_prof_table_init(&p.table);
     if (geteuid() != 0) {

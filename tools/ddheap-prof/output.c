@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <linux/types.h>
 
@@ -39,19 +40,47 @@ static FILE *open_output(const char *path)
  * be written fails now, not after the run. */
 void dd_prof_open_outputs(const struct options *o, struct outputs *f)
 {
-    f->out = open_output(o->out_path);
+    /* -o as a snapshot pattern: the final profile is the last snapshot. */
+    f->out = strchr(o->out_path, '%') ? NULL : open_output(o->out_path);
     f->svg = open_output(o->svg_path);
     f->folded = open_output(o->folded_path);
 }
 
-static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
+const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_table *t,
+                                 enum dd_prof_value v, char *buf, size_t len)
 {
-    uint64_t interval = p->interval;
+    double total = 0;
+    for (size_t i = 0; i < t->nstacks; i++) {
+        const struct dd_prof_stack *s = &t->stacks[i];
+        double x = v == DD_PROF_ALLOC_OBJECTS ? s->alloc_objects
+                   : v == DD_PROF_ALLOC_SPACE ? s->alloc_space
+                   : v == DD_PROF_INUSE_OBJECTS ? s->inuse_objects : s->inuse_space;
+        total += x > 0 ? x : 0;
+    }
+    if (total >= 0.5)
+        return NULL;
+    if (p->table.allocs == 0)
+        snprintf(buf, len,
+                 "nothing to show: no sampled allocation was seen (the program allocated less "
+                 "than about the sampling interval, %" PRIu64 " bytes, through ddheap)",
+                 p->interval);
+    else
+        snprintf(buf, len,
+                 "nothing to show: every sampled block (%" PRIu64 ") was freed by then; the "
+                 "heap peaked at %.1f MiB (--peak FILE writes that profile)",
+                 p->table.allocs, p->table.peak_space / 1048576.0);
+    return buf;
+}
+
+/* The run's comments, on stderr too (the first time) when it lost events. */
+static int write_pprof_of(struct prof *p, const struct dd_prof_table *t, FILE *out,
+                          const char *path, int64_t at_mono_ns, const char *note)
+{
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
-    char c_lost[256], c_what[256], c_counts[256];
+    char c_lost[256], c_what[256], c_counts[256], c_empty[300];
     snprintf(c_what, sizeof c_what, "ddheap-prof: pid %d, provider %s, interval %" PRIu64,
-             (int)p->pid, p->opt.provider, interval);
+             (int)p->pid, p->opt.provider, p->interval);
     snprintf(c_lost, sizeof c_lost,
              "ddheap-prof: lost events: %" PRIu64 " (alloc %" PRIu64 ", free %" PRIu64
              "; ring buffer %lu KiB)",
@@ -60,39 +89,173 @@ static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
              "ddheap-prof: alloc events %" PRIu64 ", free events %" PRIu64
              " (%" PRIu64 " of blocks not seen allocated), live sampled blocks %zu",
              p->table.allocs, p->table.frees, p->table.unmatched_frees, p->table.nlive);
-    fprintf(stderr, "%s\n", c_counts);
+    const char *comments[5] = {c_what, c_counts, c_lost};
+    size_t ncomments = 3;
+    if (note)
+        comments[ncomments++] = note;
+    const char *empty = dd_prof_empty_reason(p, t, DD_PROF_INUSE_SPACE, c_empty, sizeof c_empty);
+    if (empty)
+        comments[ncomments++] = empty;
+
+    struct dd_prof_report r;
+    if (dd_prof_report_build(&r, t, &p->objs) != 0) {
+        fprintf(stderr, "ddheap-prof: out of memory symbolising\n");
+        return -1;
+    }
+    struct dd_prof_meta meta = {p->started_realtime, at_mono_ns - p->started_mono,
+                                (int64_t)p->interval, comments, ncomments};
+    int rc = dd_prof_write_pprof(out, path, &r, &p->objs, &meta);
+    dd_prof_report_free(&r);
+    return rc;
+}
+
+int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, const char *path,
+                               int64_t at_mono_ns, const char *note)
+{
+    size_t n = strlen(path) + 8;
+    char *tmp = malloc(n);
+    if (tmp == NULL)
+        return -1;
+    snprintf(tmp, n, "%s.tmp", path);
+    FILE *f = fopen(tmp, "we");
+    if (f == NULL) {
+        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int rc = write_pprof_of(p, t, f, path, at_mono_ns, note);
+    if (fclose(f) != 0)
+        rc = -1;
+    if (rc == 0 && rename(tmp, path) != 0) {
+        fprintf(stderr, "ddheap-prof: cannot rename %s to %s: %s\n", tmp, path, strerror(errno));
+        rc = -1;
+    }
+    if (rc != 0)
+        unlink(tmp);
+    free(tmp);
+    return rc;
+}
+
+/* For a started command that freed everything it had sampled, the SVG and
+ * folded stacks show the peak (the end would be empty). */
+static bool show_peak(const struct prof *p)
+{
+    return p->child && p->table.nlive == 0 && p->table.peak_space > 0 &&
+           (p->opt.value == DD_PROF_INUSE_SPACE || p->opt.value == DD_PROF_INUSE_OBJECTS);
+}
+
+static int write_views(struct prof *p, FILE *svg, FILE *folded)
+{
+    struct dd_prof_table peak;
+    const struct dd_prof_table *t = &p->table;
+    bool at_peak = show_peak(p);
+    if (at_peak) {
+        if (dd_prof_table_peak_view(&p->table, &peak) != 0)
+            return -1;
+        t = &peak;
+    }
+    char title[400], why[300];
+    const char *empty = dd_prof_empty_reason(p, t, p->opt.value, why, sizeof why);
+    if (at_peak)
+        snprintf(title, sizeof title,
+                 "ddheap-prof: %s at the peak (%.1f MiB estimated live, %.2f s into the run); "
+                 "pid %d freed everything by its end",
+                 dd_prof_value_names[p->opt.value], p->table.peak_space / 1048576.0,
+                 (double)((int64_t)p->table.peak_ts_ns - p->started_mono) / 1e9, (int)p->pid);
+    else
+        snprintf(title, sizeof title, "ddheap-prof: %s, pid %d%s%s",
+                 dd_prof_value_names[p->opt.value], (int)p->pid, empty ? ": " : "",
+                 empty ? empty : "");
+    if (empty && (svg || folded))
+        fprintf(stderr, "ddheap-prof: the %s view is empty: %s\n",
+                dd_prof_value_names[p->opt.value], empty);
+    else if (at_peak && (svg || folded))
+        fprintf(stderr, "ddheap-prof: every sampled block was freed by the end: the flame "
+                        "graph shows the heap at its peak\n");
+
+    int rc = 0;
+    struct dd_prof_report r;
+    if (dd_prof_report_build(&r, t, &p->objs) != 0) {
+        fprintf(stderr, "ddheap-prof: out of memory symbolising\n");
+        rc = -1;
+    } else {
+        /* Folded stacks have no room for a title: an empty view is an
+         * empty file, with the reason on stderr. */
+        if (folded && dd_prof_write_folded(folded, &r, p->opt.value) != 0) {
+            fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.folded_path);
+            rc = -1;
+        }
+        if (svg && dd_prof_write_svg(svg, &r, p->opt.value, title) != 0) {
+            fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.svg_path);
+            rc = -1;
+        }
+        dd_prof_report_free(&r);
+    }
+    if (at_peak)
+        free(peak.stacks);
+    return rc;
+}
+
+static int write_report(struct prof *p)
+{
+    FILE *f = fopen(p->opt.report_path, "we");
+    if (f == NULL) {
+        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", p->opt.report_path, strerror(errno));
+        return -1;
+    }
+    struct dd_prof_report r;
+    int rc = -1;
+    if (dd_prof_report_build(&r, &p->table, &p->objs) == 0) {
+        rc = dd_prof_write_lifetime_report(f, p, &r);
+        dd_prof_report_free(&r);
+    }
+    if (fclose(f) != 0 || rc != 0) {
+        fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.report_path);
+        return -1;
+    }
+    fprintf(stderr, "ddheap-prof: wrote %s\n", p->opt.report_path);
+    return 0;
+}
+
+static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
+{
+    uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
+    uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
+    int64_t end = dd_prof_now_ns(CLOCK_MONOTONIC);
+    dd_prof_table_advance(&p->table, (uint64_t)end);
+    fprintf(stderr,
+            "ddheap-prof: alloc events %" PRIu64 ", free events %" PRIu64 " (%" PRIu64
+            " of blocks not seen allocated), live sampled blocks %zu\n",
+            p->table.allocs, p->table.frees, p->table.unmatched_frees, p->table.nlive);
     if (lost_alloc + lost_free)
         fprintf(stderr, "ddheap-prof: LOST %" PRIu64 " events (alloc %" PRIu64 ", free %" PRIu64
                         "): the ring buffer was full; raise --ringbuf-kb (now %lu)\n",
                 lost_alloc + lost_free, lost_alloc, lost_free, p->opt.ringbuf_kb);
-    const char *comments[] = {c_what, c_counts, c_lost};
+    char why[300];
+    const char *empty = dd_prof_empty_reason(p, &p->table, DD_PROF_INUSE_SPACE, why, sizeof why);
+    if (empty && out)
+        fprintf(stderr, "ddheap-prof: the profile's inuse_space is empty: %s\n", empty);
 
-    struct dd_prof_report r;
-    if (dd_prof_report_build(&r, &p->table, &p->objs) != 0) {
-        fprintf(stderr, "ddheap-prof: out of memory symbolising\n");
-        return -1;
-    }
-    int rc = 0;
-    if (folded && dd_prof_write_folded(folded, &r, p->opt.value) != 0) {
-        fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.folded_path);
+    int rc = write_views(p, svg, folded);
+    if (p->opt.peak_path && dd_prof_write_peak(p) != 0)
         rc = -1;
-    }
-    if (svg) {
-        char title[128];
-        snprintf(title, sizeof title, "ddheap-prof: %s, pid %d", dd_prof_value_names[p->opt.value],
-                 (int)p->pid);
-        if (dd_prof_write_svg(svg, &r, p->opt.value, title) != 0) {
-            fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.svg_path);
+    if (p->opt.report_path && write_report(p) != 0)
+        rc = -1;
+    if (p->snaps.period_ns || out == NULL) {
+        /* The series ends with the state at the end of the run; with -o a
+         * pattern, that is the final profile. */
+        dd_prof_snapshot_now(p, end);
+        if (p->snaps.failed)
             rc = -1;
-        }
     }
-    struct dd_prof_meta meta = {p->started_realtime, dd_prof_now_ns(CLOCK_MONOTONIC) - p->started_mono,
-                                (int64_t)interval, comments, 3};
-    if (dd_prof_write_pprof(out, p->opt.out_path, &r, &p->objs, &meta) != 0)
-        rc = -1;
-    dd_prof_report_free(&r);
-    if (rc == 0)
-        fprintf(stderr, "ddheap-prof: wrote %s (%zu stacks)\n", p->opt.out_path, p->table.nstacks);
+    if (out) {
+        int prc = write_pprof_of(p, &p->table, out, p->opt.out_path, end, NULL);
+        if (prc == 0)
+            fprintf(stderr, "ddheap-prof: wrote %s (%zu stacks)\n", p->opt.out_path,
+                    p->table.nstacks);
+        else
+            rc = -1;
+    }
     return rc;
 }
 
@@ -100,7 +263,7 @@ int dd_prof_write_outputs(struct prof *p, struct outputs *f)
 {
     int rc = write_all(p, f->out, f->svg, f->folded);
     if ((f->svg && fclose(f->svg) != 0) || (f->folded && fclose(f->folded) != 0) ||
-        fclose(f->out) != 0)
+        (f->out && fclose(f->out) != 0))
         rc = -1;
     return rc;
 }

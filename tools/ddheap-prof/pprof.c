@@ -3,6 +3,14 @@
  * into one buffer, gzipped with zlib. Sample values follow Go's heap
  * profiles: alloc_objects, alloc_space, inuse_objects, inuse_space; the
  * object counts are estimates (sum of weight / size) rounded to integers.
+ *
+ * Lifetimes: a stack's allocations are split by what became of them. The
+ * blocks freed with a lifetime in [2^k, 2^(k+1)) ns are one sample with
+ * the numeric label lifetime = 2^k nanoseconds and only alloc_* values;
+ * the rest (still live, or their free not seen) is the unlabelled sample
+ * with the inuse_* values. The totals per stack are unchanged, and
+ * `go tool pprof -sample_index=alloc_space -tags` shows how long the
+ * allocated bytes lived.
  */
 #include "pprof.h"
 
@@ -87,9 +95,18 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     prof.duration_nanos = meta->duration_nanos;
 
     size_t ns = r->nstacks, nl = r->addrs.n, nf = r->func_keys.n, nm = objs->n;
-    DdheapPprof__Sample *samples = calloc(ns + 1, sizeof *samples);
-    DdheapPprof__Sample **samplep = calloc(ns + 1, sizeof *samplep);
-    int64_t *values = calloc((ns + 1) * NVALUES, sizeof *values);
+    size_t nsamples = ns;
+    for (size_t i = 0; i < ns; i++)
+        if (r->stacks[i].stack->life != NULL)
+            for (unsigned k = 0; k < DD_PROF_LIFE_BUCKETS; k++)
+                nsamples += r->stacks[i].stack->life->count[k] != 0;
+    DdheapPprof__Sample *samples = calloc(nsamples + 1, sizeof *samples);
+    DdheapPprof__Sample **samplep = calloc(nsamples + 1, sizeof *samplep);
+    int64_t *values = calloc((nsamples + 1) * NVALUES, sizeof *values);
+    DdheapPprof__Label *labels = calloc(nsamples + 1, sizeof *labels);
+    DdheapPprof__Label **labelp = calloc(nsamples + 1, sizeof *labelp);
+    int64_t lifetime_key = str(strings, "lifetime", &failed);
+    int64_t nanoseconds = str(strings, "nanoseconds", &failed);
     uint64_t **loc_ids = calloc(ns + 1, sizeof *loc_ids);
     DdheapPprof__Location *locs = calloc(nl + 1, sizeof *locs);
     DdheapPprof__Location **locp = calloc(nl + 1, sizeof *locp);
@@ -101,7 +118,7 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     DdheapPprof__Mapping **mapp = calloc(nm + 1, sizeof *mapp);
     int64_t *comments = calloc(meta->ncomments + 1, sizeof *comments);
     uint8_t *packed = NULL;
-    if (!samples || !samplep || !values || !loc_ids || !locs || !locp || !lines || !linep ||
+    if (!samples || !samplep || !values || !labels || !labelp || !loc_ids || !locs || !locp || !lines || !linep ||
         !funcs || !funcp || !maps || !mapp || !comments)
         goto done;
 
@@ -161,18 +178,44 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     size_t n_samples = 0;
     for (size_t i = 0; i < ns; i++) {
         const struct dd_prof_resolved *s = &r->stacks[i];
-        DdheapPprof__Sample *x = &samples[n_samples];
-        ddheap_pprof__sample__init(x);
         loc_ids[i] = malloc((s->n ? s->n : 1) * sizeof *loc_ids[i]);
         if (loc_ids[i] == NULL)
             goto done;
         for (uint32_t k = 0; k < s->n; k++)
             loc_ids[i][k] = s->locs[k] + 1;
+        const struct dd_prof_lifetimes *life = s->stack->life;
+        double freed_objects = 0, freed_space = 0;
+        for (unsigned k = 0; life != NULL && k < DD_PROF_LIFE_BUCKETS; k++) {
+            if (life->count[k] == 0)
+                continue;
+            DdheapPprof__Sample *y = &samples[n_samples];
+            ddheap_pprof__sample__init(y);
+            y->n_location_id = s->n;
+            y->location_id = loc_ids[i];
+            int64_t *v = &values[n_samples * NVALUES];
+            v[0] = rounded(life->objects[k]);
+            v[1] = rounded(life->space[k]);
+            y->n_value = NVALUES;
+            y->value = v;
+            DdheapPprof__Label *l = &labels[n_samples];
+            ddheap_pprof__label__init(l);
+            l->key = lifetime_key;
+            l->num = (int64_t)dd_prof_life_bucket_start(k);
+            l->num_unit = nanoseconds;
+            labelp[n_samples] = l;
+            y->n_label = 1;
+            y->label = &labelp[n_samples];
+            samplep[n_samples++] = y;
+            freed_objects += life->objects[k];
+            freed_space += life->space[k];
+        }
+        DdheapPprof__Sample *x = &samples[n_samples];
+        ddheap_pprof__sample__init(x);
         x->n_location_id = s->n;
         x->location_id = loc_ids[i];
         int64_t *v = &values[n_samples * NVALUES];
-        v[0] = rounded(s->stack->alloc_objects);
-        v[1] = rounded(s->stack->alloc_space);
+        v[0] = rounded(s->stack->alloc_objects - freed_objects);
+        v[1] = rounded(s->stack->alloc_space - freed_space);
         v[2] = rounded(s->stack->inuse_objects);
         v[3] = rounded(s->stack->inuse_space);
         x->n_value = NVALUES;
@@ -213,6 +256,8 @@ done:
     free(samples);
     free(samplep);
     free(values);
+    free(labels);
+    free(labelp);
     free(locs);
     free(locp);
     free(lines);

@@ -7,6 +7,8 @@
  *   attach.c   finding the objects with probes and attaching to them
  *   loop.c     the BPF side and the event loop that feeds the table
  *   output.c   the profile, folded stacks and flame graph at the end
+ *   timeline.c the heap over time: the peak, snapshots (--every, SIGUSR1)
+ *   leaks.c    the lifetime and leak report (--report)
  *
  * The BPF programs are ddheap_prof.bpf.c; the events they send are
  * ddheap_prof.h; the profile's data structures are table.h (live blocks,
@@ -34,6 +36,20 @@ struct options {
     enum dd_prof_value value;
     unsigned long ringbuf_kb;
     bool verbose;
+    const char *peak_path, *report_path;
+    double every;        /* seconds between snapshots; 0: none */
+    unsigned max_files;  /* snapshots kept on disk; 0: all */
+};
+
+/* The numbered snapshots of a run (timeline.c). */
+struct snapshots {
+    char *pattern;          /* printf pattern with one integer conversion */
+    uint64_t period_ns;     /* 0: only on SIGUSR1 */
+    uint64_t next_ns;       /* CLOCK_MONOTONIC instant of the next one */
+    unsigned seq;           /* the last number written */
+    char **kept;            /* names on disk, oldest first (--max-files) */
+    size_t nkept;
+    bool failed;
 };
 
 struct file_id {
@@ -55,6 +71,7 @@ struct prof {
     uint64_t interval; /* the process's sampling interval: pprof's period */
     bool oom;
     int64_t started_realtime, started_mono; /* ns, when profiling began */
+    struct snapshots snaps;
 };
 
 /* The outputs, opened before anything is attached. */
@@ -101,5 +118,33 @@ int64_t dd_prof_now_ns(clockid_t clock);
 void dd_prof_open_outputs(const struct options *o, struct outputs *f);
 /* Writes every output and closes the files. Returns 0 or -1. */
 int dd_prof_write_outputs(struct prof *p, struct outputs *f);
+/* One complete profile of table t (the run's, or a view of it) to path,
+ * through a temporary name renamed into place, so a reader never sees half
+ * a file. note (may be NULL) is one more comment. Returns 0 or -1. */
+int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, const char *path,
+                               int64_t at_mono_ns, const char *note);
+/* Why a view with nothing in it is empty, in one sentence (into buf);
+ * NULL if it is not empty. */
+const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_table *t,
+                                 enum dd_prof_value v, char *buf, size_t len);
+
+/* timeline.c */
+/* Checks the snapshot options against -o; exits 2 on a bad pattern. */
+void dd_prof_snapshots_setup(struct prof *p);
+/* Called before each event is applied: writes every snapshot due before
+ * ts_ns, so a snapshot is the state between two events. */
+void dd_prof_snapshots_before(struct prof *p, uint64_t ts_ns);
+/* Writes one snapshot of the state now (SIGUSR1, the end of a run). */
+void dd_prof_snapshot_now(struct prof *p, int64_t now_mono_ns);
+/* True if the next scheduled snapshot is due at now. */
+bool dd_prof_snapshot_due(const struct prof *p, int64_t now_mono_ns);
+void dd_prof_snapshots_free(struct prof *p);
+/* The peak profile (--peak). Returns 0 or -1. */
+int dd_prof_write_peak(struct prof *p);
+
+/* leaks.c: the text report (--report) from the symbolised report r of the
+ * run's table. Returns 0 or -1. */
+struct dd_prof_report;
+int dd_prof_write_lifetime_report(FILE *out, const struct prof *p, const struct dd_prof_report *r);
 
 #endif
