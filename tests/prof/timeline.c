@@ -2,7 +2,7 @@
  * The program of ddheap-prof's timeline tests (test_timeline.py): a heap
  * with a known history, which prints its own truth.
  *
- *   prof-timeline TRUTH_FILE PERIOD_MS keep|free
+ *   prof-timeline TRUTH_FILE PERIOD_MS keep|free|none
  *
  * Phases start just after the multiples of PERIOD_MS on CLOCK_MONOTONIC
  * (the instants of ddheap-prof's --every snapshots, and the clock of its
@@ -22,7 +22,7 @@
  *          after 2^20.5 ns and keeps 16 (a slow leak).
  *
  * At the end, "keep" exits with the cache and the leak live; "free" frees
- * them first (a program that frees everything).
+ * them first (a program that frees everything); "none" allocates nothing.
  *
  * The truth: "phase K START_NS END_NS", "state K SITE LIVE ALLOCATED"
  * (block counts after phase K), "size SITE BYTES", "peak K" (the phase
@@ -138,6 +138,8 @@ int main(int argc, char **argv)
         return 2;
     for (int s = 0; s < NSITES; s++)
         fprintf(truth, "size %s %zu\n", site_names[s], site_size[s]);
+    if (strcmp(argv[3], "none") == 0)
+        return fclose(truth) == 0 ? 0 : 1;
     /* The first boundary at least 100 ms away: ddheap-prof is attached. */
     uint64_t boundary = (now_ns() + 100000000u) / period * period + period;
     for (int phase = 0; phase <= 9; phase++) {

@@ -1,0 +1,423 @@
+#!/usr/bin/env python3
+"""ddheap-prof's views of the heap over time, against a program with a
+known history (timeline.c, which prints its own truth): the peak profile
+(--peak), the snapshots (--every), lifetimes per site (the pprof label and
+--report), the leak ranking, and the flame graphs of the end and of the
+peak in headless chromium.
+
+    test_timeline.py TEST DDHEAP_PROF TIMELINE ARTIFACT_DIR
+
+TEST is 'timeline' (the program keeps its cache and its leak) or
+'timeline-free' (it frees everything; then one that allocates nothing).
+Needs root (BPF); exits 77 only when not root, and fails when go or
+chromium is missing. Profiles are decoded here (gzip + protobuf), and read
+back with `go tool pprof` where what matters is what a user sees.
+"""
+
+import gzip
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from harness import Checker, Failure
+
+TIMEOUT = 120
+PERIOD_MS = 500
+INTERVAL = 8192
+ENV = {"DD_HEAP_SAMPLING_INTERVAL": str(INTERVAL), "DD_HEAP_SAMPLES_PER_SECOND": "0"}
+SITES = ["site_cache", "site_peak", "site_leak", "site_short", "site_medium"]
+
+
+# --- the profile, decoded: only the fields this test reads -----------------
+
+def varint(buf, i):
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, i
+
+
+def fields(buf):
+    """(field number, value) pairs: ints for varints, bytes otherwise."""
+    i = 0
+    while i < len(buf):
+        key, i = varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = varint(buf, i)
+        elif wire == 2:
+            n, i = varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wire == 1:
+            v, i = buf[i:i + 8], i + 8
+        elif wire == 5:
+            v, i = buf[i:i + 4], i + 4
+        else:
+            raise Failure(f"protobuf wire type {wire}")
+        yield num, v
+
+
+def packed_or_single(v):
+    if isinstance(v, int):
+        return [v]
+    out, i = [], 0
+    while i < len(v):
+        x, i = varint(v, i)
+        out.append(x)
+    return out
+
+
+def signed(x):
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def decode(path):
+    """{types, samples: [(site, values, labels)], comments}; a sample's site
+    is the innermost function named site_* ('?' if none)."""
+    with gzip.open(path) as f:
+        buf = f.read()
+    strings, types, raw_samples, locs, funcs, comments = [], [], [], {}, {}, []
+    for num, v in fields(buf):
+        if num == 6:
+            strings.append(v.decode())
+        elif num == 1:
+            types.append(dict(fields(v)).get(1, 0))
+        elif num == 2:
+            ids, values, labels = [], [], []
+            for n, x in fields(v):
+                if n == 1:
+                    ids += packed_or_single(x)
+                elif n == 2:
+                    values += [signed(y) for y in packed_or_single(x)]
+                elif n == 3:
+                    labels.append(dict(fields(x)))
+            raw_samples.append((ids, values, labels))
+        elif num == 4:
+            d, lines = {}, []
+            for n, x in fields(v):
+                if n == 4:
+                    lines.append(dict(fields(x)).get(1, 0))
+                else:
+                    d[n] = x
+            locs[d.get(1, 0)] = lines
+        elif num == 5:
+            d = dict(fields(v))
+            funcs[d.get(1, 0)] = d.get(2, 0)
+        elif num == 13:
+            comments += packed_or_single(v)
+    names = lambda ids: [strings[funcs[f]] for i in ids for f in locs.get(i, [])]
+    samples = []
+    for ids, values, labels in raw_samples:
+        site = next((n for n in names(ids) if n.startswith("site_")), "?")
+        samples.append((site, values, {strings[l.get(1, 0)]: l.get(3, 0) for l in labels}))
+    return {"types": [strings[t] for t in types], "samples": samples,
+            "comments": [strings[c] for c in comments]}
+
+
+def site_sums(prof, sample_type):
+    k = prof["types"].index(sample_type)
+    sums = {}
+    for site, values, _ in prof["samples"]:
+        sums[site] = sums.get(site, 0) + values[k]
+    return sums
+
+
+# --- the truth ---------------------------------------------------------------
+
+def read_truth(path):
+    t = {"size": {}, "phase": {}, "state": {}, "life": {}, "peak": None}
+    with open(path) as f:
+        for line in f:
+            w = line.split()
+            if w[0] == "size":
+                t["size"][w[1]] = int(w[2])
+            elif w[0] == "phase":
+                t["phase"][int(w[1])] = (int(w[2]), int(w[3]))
+            elif w[0] == "state":
+                t["state"].setdefault(int(w[1]), {})[w[2]] = (int(w[3]), int(w[4]))
+            elif w[0] == "life":
+                t["life"].setdefault(w[1], {})[int(w[2])] = int(w[3])
+            elif w[0] == "peak":
+                t["peak"] = int(w[1])
+    return t
+
+
+def state_at(truth, instant):
+    """The counts (live, allocated) per site at a CLOCK_MONOTONIC instant:
+    after the last phase that ended before it. A phase running across the
+    instant is a failure: the program holds its phases between snapshot
+    instants, so that means it missed its schedule by hundreds of ms."""
+    done = -1
+    for k, (start, end) in sorted(truth["phase"].items()):
+        if start < instant < end:
+            raise Failure(f"phase {k} ran across the snapshot instant {instant}")
+        if end < instant:
+            done = k
+    if done < 0:
+        return {s: (0, 0) for s in SITES}
+    return truth["state"][done]
+
+
+def sd_of(count, size):
+    """A site's summed weights for `count` blocks of `size` bytes:
+    tests/lib/harness.py's sigma (each weighs size/p, p = 1 - e^(-size/R))."""
+    p = -math.expm1(-size / INTERVAL)
+    return math.sqrt(count * size * size * (1 - p) / p)
+
+
+def check_state(c, prof, counts, truth, what):
+    inuse = site_sums(prof, "inuse_space")
+    alloc = site_sums(prof, "alloc_space")
+    for site in SITES:
+        size = truth["size"][site]
+        live, allocated = counts[site]
+        for name, est, n in (("inuse_space", inuse.get(site, 0), live),
+                             ("alloc_space", alloc.get(site, 0), allocated)):
+            true, bound = n * size, 5 * sd_of(n, size)
+            c.check(abs(est - true) <= bound,
+                    f"{what}: {name} of {site}: estimated {est}, true {true}, "
+                    f"|diff| {abs(est - true)} <= 5 sd = {bound:.0f}")
+
+
+# --- tools -------------------------------------------------------------------
+
+def pprof(*args):
+    if shutil.which("go") is None:
+        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
+    with tempfile.TemporaryDirectory(prefix="ddheap-go-") as home:
+        env = dict(os.environ, HOME=home, GOCACHE=os.path.join(home, "cache"),
+                   GOPATH=os.path.join(home, "path"), GOTOOLCHAIN="local", GOPROXY="off",
+                   PPROF_TMPDIR=home)
+        r = subprocess.run(["go", "tool", "pprof", "-symbolize=none"] + list(args),
+                           capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    if r.returncode != 0:
+        raise Failure(f"go tool pprof {' '.join(args)} failed: {r.stderr.strip()}")
+    return r.stdout
+
+
+def svg_in_chromium(c, svg, names, shot):
+    """The SVG opens in headless chromium, its script runs (it marks the
+    root element), it names each of `names`; a screenshot is kept."""
+    if shutil.which("chromium") is None:
+        raise Failure("chromium is not installed (scripts/install-deps installs it)")
+    with tempfile.TemporaryDirectory(prefix="ddheap-chromium-") as profile_dir:
+        base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                f"--user-data-dir={profile_dir}"]
+        env = dict(os.environ, HOME=profile_dir)
+        dom = subprocess.run(base + ["--dump-dom", "file://" + svg], capture_output=True,
+                             text=True, timeout=TIMEOUT, env=env).stdout
+        if os.path.exists(shot):
+            os.unlink(shot)
+        subprocess.run(base + [f"--screenshot={shot}", "--window-size=1200,700", "file://" + svg],
+                       capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    c.check('data-ddheap-ready="' in dom, f"{os.path.basename(svg)}: its script ran in chromium")
+    for name in names:
+        c.check(f"<title>{name} (" in dom, f"{os.path.basename(svg)} names {name}")
+    c.check(os.path.exists(shot) and os.path.getsize(shot) > 5000, f"screenshot kept at {shot}")
+    return dom
+
+
+def run(prof, artifacts, name, mode, args):
+    """ddheap-prof ARGS -- prof-timeline TRUTH PERIOD MODE; returns
+    (truth, stderr)."""
+    truth_path = os.path.join(artifacts, f"{name}.truth")
+    for f in os.listdir(artifacts):
+        if f.startswith(name + ".") or f.startswith(name + "-"):
+            os.unlink(os.path.join(artifacts, f))
+    with tempfile.TemporaryFile(mode="w+") as err:
+        r = subprocess.run([args[0]] + args[1:] + ["--", prof, truth_path, str(PERIOD_MS), mode],
+                           stdout=subprocess.DEVNULL, stderr=err, timeout=TIMEOUT,
+                           env=dict(os.environ, **ENV))
+        err.seek(0)
+        text = err.read()
+    if r.returncode != 0:
+        raise Failure(f"ddheap-prof exited with {r.returncode}:\n{text}")
+    return read_truth(truth_path), text
+
+
+def snapshot_instant(prof):
+    for comment in prof["comments"]:
+        m = re.search(r"snapshot \d+ at CLOCK_MONOTONIC (\d+) ns", comment)
+        if m:
+            return int(m.group(1))
+    raise Failure(f"no snapshot instant among the comments {prof['comments']}")
+
+
+# --- the tests ---------------------------------------------------------------
+
+def report_sites(text):
+    """From --report: {site: {"suspect": bool, "buckets": {k: sampled}}}
+    and the suspects in rank order (the site_* each names)."""
+    sites, ranked, current = {}, [], None
+    section = None
+    for line in text.splitlines():
+        if line.startswith("LEAK SUSPECTS"):
+            section = "leaks"
+        elif line.startswith("SITES"):
+            section = "sites"
+        m = re.search(r"\b(site_\w+)", line)
+        if section == "leaks" and line.startswith("#") and m:
+            ranked.append(m.group(1))
+        elif section == "sites" and m and not line.startswith(" "):
+            current = sites.setdefault(m.group(1), {"suspect": False, "buckets": {}})
+        elif section == "sites" and current is not None:
+            if "LEAK SUSPECT" in line:
+                current["suspect"] = True
+            b = re.search(r"(\d+) sampled .*\[bucket (\d+)\]", line)
+            if b:
+                current["buckets"][int(b.group(2))] = int(b.group(1))
+    return sites, ranked
+
+
+def test_timeline(c, prof, timeline, artifacts):
+    """The program keeps its cache and leak to the end. Every --every
+    snapshot and the peak profile within 5 sd of the truth per site; the
+    leaking site first in the leak ranking, the cache not flagged;
+    lifetimes in the program's log2 bucket for >= 90 % of freed samples;
+    the end's flame graph in chromium."""
+    out = os.path.join(artifacts, "tl.pb.gz")
+    peak = os.path.join(artifacts, "tl-peak.pb.gz")
+    report = os.path.join(artifacts, "tl-report.txt")
+    svg = os.path.join(artifacts, "tl-end.svg")
+    truth, err = run(timeline, artifacts, "tl", "keep",
+                     [prof, "-o", out, "--every", str(PERIOD_MS / 1000), "--peak", peak,
+                      "--report", report, "--svg", svg])
+
+    snaps = sorted(f for f in os.listdir(artifacts) if re.fullmatch(r"tl\.\d{4}\.pb\.gz", f))
+    c.check(len(snaps) >= 11, f"--every {PERIOD_MS / 1000}: {len(snaps)} snapshots ({snaps[:2]}...)")
+    c.equal([int(f[3:7]) for f in snaps], list(range(1, len(snaps) + 1)), "snapshot numbers")
+    phases_seen = set()
+    for f in snaps:
+        p = decode(os.path.join(artifacts, f))
+        instant = snapshot_instant(p)
+        counts = state_at(truth, instant)
+        phases_seen.add(tuple(sorted(counts.items())))
+        check_state(c, p, counts, truth, f)
+    c.check(len(phases_seen) >= 10, f"the snapshots saw {len(phases_seen)} distinct states")
+    # Each readable alone, and as the base of the next: the growth between
+    # phases 1 and 2 is site_peak's (and a little of site_leak's).
+    grow = [f for f in snaps
+            if state_at(truth, snapshot_instant(decode(os.path.join(artifacts, f))))["site_peak"][0]
+            == 1024]
+    if not grow:
+        raise Failure("no snapshot holds the state after phase 2")
+    i = snaps.index(grow[0])
+    top = pprof("-top", "-cum", "-sample_index=inuse_space", "-base",
+                os.path.join(artifacts, snaps[i - 1]), os.path.join(artifacts, snaps[i]))
+    first_site = re.search(r"\b(site_\w+)$", top, re.M)
+    c.check(first_site is not None and first_site.group(1) == "site_peak",
+            f"go tool pprof -base {snaps[i - 1]} {snaps[i]}: the interval's growth is site_peak's "
+            f"({first_site.group(0) if first_site else top[-300:]})")
+
+    p = decode(peak)
+    check_state(c, p, truth["state"][truth["peak"]], truth, "the peak profile")
+    c.check(any("the peak:" in x for x in p["comments"]), "the peak profile says it is the peak")
+    c.check("wrote " + peak in err and "the peak:" in err, "stderr names the peak profile")
+
+    with open(report) as f:
+        text = f.read()
+    sites, ranked = report_sites(text)
+    c.check(ranked[:1] == ["site_leak"], f"leak ranking: site_leak first ({ranked})")
+    c.check("site_cache" not in ranked and not sites.get("site_cache", {}).get("suspect", True),
+            "leak ranking: site_cache (filled once, kept) not flagged")
+    for site in ["site_leak", "site_peak", "site_short", "site_medium"]:
+        true = truth["life"].get(site, {})
+        got = sites.get(site, {}).get("buckets", {})
+        nt, ng = sum(true.values()), sum(got.values())
+        if not nt or not ng:
+            c.check(False, f"{site}: lifetimes (truth {true}, report {got})")
+            continue
+        # The share of sampled frees in the program's bucket, summed over
+        # buckets the program's blocks fell into (in proportion).
+        right = sum(min(got.get(k, 0) / ng, n / nt) for k, n in true.items())
+        c.check(right >= 0.9, f"{site}: {right:.1%} of {ng} freed samples in the right log2 "
+                              f"bucket (truth {true}, sampled {got})")
+    # What go tool pprof shows: the lifetime label, in time units.
+    tags = pprof("-tags", "-sample_index=alloc_space", out)
+    c.check(re.search(r"lifetime: Total", tags) is not None and "131.07us" in tags
+            and "8.39ms" in tags,
+            "go tool pprof -tags shows the lifetime label (131.07us for site_short, "
+            "8.39ms for site_medium)")
+    lab = {}
+    for site, values, labels in decode(out)["samples"]:
+        if "lifetime" in labels:
+            lab.setdefault(site, set()).add(labels["lifetime"])
+    c.check(131072 in lab.get("site_short", set()) and 8388608 in lab.get("site_medium", set()),
+            f"lifetime labels in nanoseconds per site ({ {s: sorted(v) for s, v in lab.items()} })")
+
+    dom = svg_in_chromium(c, svg, ["site_cache", "site_leak"], os.path.join(artifacts, "tl-end.png"))
+    c.check("site_peak (" not in dom, "the end's flame graph: site_peak freed, not shown")
+
+
+def test_timeline_free(c, prof, timeline, artifacts):
+    """The program frees everything: the default flame graph is the peak
+    and its title says so; the final profile says why it is empty;
+    --max-files keeps the newest snapshots. Then a program that allocates
+    nothing: the SVG and the profile say so."""
+    out = os.path.join(artifacts, "tf.pb.gz")
+    svg = os.path.join(artifacts, "tf.svg")
+    truth, err = run(timeline, artifacts, "tf", "free",
+                     [prof, "-o", out, "--svg", svg, "--every", str(PERIOD_MS / 1000),
+                      "--max-files", "3"])
+    with open(svg) as f:
+        text = f.read()
+    c.check("inuse_space at the peak" in text and "freed everything" in text,
+            "the SVG's title: the peak, and that everything was freed")
+    c.check("flame graph shows the heap at its peak" in err, "stderr: the SVG shows the peak")
+    svg_in_chromium(c, svg, ["site_peak", "site_cache", "site_leak"],
+                    os.path.join(artifacts, "tf-peak.png"))
+    p = decode(out)
+    c.check(any("nothing to show: every sampled block" in x and "--peak" in x
+                for x in p["comments"]),
+            f"the empty profile says why in a comment ({p['comments'][-1]!r})")
+    c.check("inuse_space is empty: nothing to show: every sampled block" in err,
+            "stderr says why the profile is empty")
+    check_state(c, p, truth["state"][10], truth, "the end")
+    snaps = sorted(f for f in os.listdir(artifacts) if re.fullmatch(r"tf\.\d{4}\.pb\.gz", f))
+    c.check(len(snaps) == 3 and int(snaps[-1][3:7]) >= 11,
+            f"--max-files 3: the newest 3 snapshots kept ({snaps})")
+
+    none_svg = os.path.join(artifacts, "tn.svg")
+    none_out = os.path.join(artifacts, "tn.pb.gz")
+    _, err = run(timeline, artifacts, "tn", "none", [prof, "-o", none_out, "--svg", none_svg])
+    with open(none_svg) as f:
+        text = f.read()
+    c.check("nothing to show: no sampled allocation was seen" in text,
+            "an empty SVG says why in its title")
+    c.check("is empty: nothing to show: no sampled allocation" in err, "and on stderr")
+    c.check(any("no sampled allocation was seen" in x for x in decode(none_out)["comments"]),
+            "and in the profile's comments")
+
+
+TESTS = {"timeline": test_timeline, "timeline-free": test_timeline_free}
+
+
+def main():
+    if len(sys.argv) != 5 or sys.argv[1] not in TESTS:
+        print(__doc__)
+        return 2
+    name, prof, timeline, artifacts = sys.argv[1:5]
+    if os.geteuid() != 0:
+        print("SKIP: ddheap-prof loads BPF programs and needs root "
+              "(CI runs this suite as root; run `sudo meson test --suite prof`)")
+        return 77
+    os.makedirs(artifacts, exist_ok=True)
+    c = Checker(name)
+    try:
+        TESTS[name](c, prof, timeline, artifacts)
+    except Failure as e:
+        c.check(False, str(e))
+    print(f"{c.passed} passed, {c.failed} failed")
+    return 1 if c.failed or not c.passed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
