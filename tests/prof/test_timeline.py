@@ -369,7 +369,7 @@ def test_timeline_free(c, prof, timeline, artifacts):
                       "--max-files", "3"])
     with open(svg) as f:
         text = f.read()
-    c.check("inuse_space at the peak" in text and "freed everything" in text,
+    c.check("inuse_space at the peak" in text and "freed everything by its end" in text,
             "the SVG's title: the peak, and that everything was freed")
     c.check("flame graph shows the heap at its peak" in err, "stderr: the SVG shows the peak")
     svg_in_chromium(c, svg, ["site_peak", "site_cache", "site_leak"],
@@ -378,7 +378,7 @@ def test_timeline_free(c, prof, timeline, artifacts):
     c.check(any("nothing to show: every sampled block" in x and "--peak" in x
                 for x in p["comments"]),
             f"the empty profile says why in a comment ({p['comments'][-1]!r})")
-    c.check("inuse_space is empty: nothing to show: every sampled block" in err,
+    c.check(re.search(r"inuse_space.* is empty: nothing to show: every sampled block", err),
             "stderr says why the profile is empty")
     check_state(c, p, truth["state"][10], truth, "the end")
     snaps = sorted(f for f in os.listdir(artifacts) if re.fullmatch(r"tf\.\d{4}\.pb\.gz", f))
@@ -392,7 +392,7 @@ def test_timeline_free(c, prof, timeline, artifacts):
         text = f.read()
     c.check("nothing to show: no sampled allocation was seen" in text,
             "an empty SVG says why in its title")
-    c.check("is empty: nothing to show: no sampled allocation" in err, "and on stderr")
+    c.check(re.search(r"is empty: nothing to show: no sampled allocation", err), "and on stderr")
     c.check(any("no sampled allocation was seen" in x for x in decode(none_out)["comments"]),
             "and in the profile's comments")
 

@@ -154,19 +154,27 @@ static int write_views(struct prof *p, FILE *svg, FILE *folded)
             return -1;
         t = &peak;
     }
-    char title[400], why[300];
+    char title[128], why[300];
     const char *empty = dd_prof_empty_reason(p, t, p->opt.value, why, sizeof why);
-    if (at_peak)
-        snprintf(title, sizeof title,
-                 "ddheap-prof: %s at the peak (%.1f MiB estimated live, %.2f s into the run); "
-                 "pid %d freed everything by its end",
-                 dd_prof_value_names[p->opt.value], p->table.peak_space / 1048576.0,
-                 (double)((int64_t)p->table.peak_ts_ns - p->started_mono) / 1e9, (int)p->pid);
-    else
-        snprintf(title, sizeof title, "ddheap-prof: %s, pid %d%s%s",
-                 dd_prof_value_names[p->opt.value], (int)p->pid, empty ? ": " : "",
-                 empty ? empty : "");
-    if (empty && (svg || folded))
+    char note[200] = "";
+    if (at_peak) {
+        snprintf(title, sizeof title, "ddheap-prof: %s at the peak, pid %d",
+                 dd_prof_value_names[p->opt.value], (int)p->pid);
+        snprintf(note, sizeof note,
+                 "%.1f MiB estimated live, %.2f s into the run; the program freed everything "
+                 "by its end",
+                 p->table.peak_space / 1048576.0,
+                 (double)((int64_t)p->table.peak_ts_ns - p->started_mono) / 1e9);
+    } else {
+        snprintf(title, sizeof title, "ddheap-prof: %s, pid %d", dd_prof_value_names[p->opt.value],
+                 (int)p->pid);
+        if (empty)
+            snprintf(note, sizeof note, "%s", empty);
+    }
+    /* An empty inuse_space view was said with the profile's (write_all). */
+    bool said = p->opt.value == DD_PROF_INUSE_SPACE && p->opt.out_path != NULL &&
+                strchr(p->opt.out_path, '%') == NULL;
+    if (empty && (svg || folded) && !said)
         fprintf(stderr, "ddheap-prof: the %s view is empty: %s\n",
                 dd_prof_value_names[p->opt.value], empty);
     else if (at_peak && (svg || folded))
@@ -185,7 +193,7 @@ static int write_views(struct prof *p, FILE *svg, FILE *folded)
             fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.folded_path);
             rc = -1;
         }
-        if (svg && dd_prof_write_svg(svg, &r, p->opt.value, title) != 0) {
+        if (svg && dd_prof_write_svg_noted(svg, &r, p->opt.value, title, note[0] ? note : NULL) != 0) {
             fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.svg_path);
             rc = -1;
         }
@@ -234,7 +242,9 @@ static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
     char why[300];
     const char *empty = dd_prof_empty_reason(p, &p->table, DD_PROF_INUSE_SPACE, why, sizeof why);
     if (empty && out)
-        fprintf(stderr, "ddheap-prof: the profile's inuse_space is empty: %s\n", empty);
+        fprintf(stderr, "ddheap-prof: the profile's inuse_space%s is empty: %s\n",
+                svg && p->opt.value == DD_PROF_INUSE_SPACE && !show_peak(p) ? " (and the flame graph)" : "",
+                empty);
 
     int rc = write_views(p, svg, folded);
     if (p->opt.peak_path && dd_prof_write_peak(p) != 0)
