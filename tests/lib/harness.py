@@ -378,6 +378,35 @@ class Checker:
         return self.check(got == want, f"{what}: got {got}, want {want}")
 
 
+def go_pprof(*args, timeout=120):
+    """`go tool pprof -symbolize=none ARGS...`, offline, with its caches in
+    a scratch directory; its stdout. A missing go is a Failure."""
+    if shutil.which("go") is None:
+        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
+    with tempfile.TemporaryDirectory(prefix="ddheap-go-") as home:
+        env = dict(os.environ, HOME=home, GOCACHE=os.path.join(home, "cache"),
+                   GOPATH=os.path.join(home, "path"), GOTOOLCHAIN="local", GOPROXY="off",
+                   PPROF_TMPDIR=home)
+        r = subprocess.run(["go", "tool", "pprof", "-symbolize=none"] + list(args),
+                           capture_output=True, text=True, env=env, timeout=timeout)
+    if r.returncode != 0:
+        raise Failure(f"go tool pprof {' '.join(args)} failed: {r.stderr.strip()}")
+    return r.stdout
+
+
+def run_checks(name, test, *args):
+    """Runs test(checker, *args), a Failure counting as one failed check;
+    prints "N passed, N failed" and returns the exit status (1 if any
+    check failed or none passed)."""
+    c = Checker(name)
+    try:
+        test(c, *args)
+    except Failure as e:
+        c.check(False, str(e))
+    print(f"{c.passed} passed, {c.failed} failed")
+    return 1 if c.failed or not c.passed else 0
+
+
 # The call sites of examples/workload.c, in its own order.
 SITES = ["site_request_buffers", "site_grow_log", "site_cache_pages", "site_aligned_tiles",
          "site_session_objects", "site_index_nodes"]

@@ -30,18 +30,8 @@ SEED = "20261129"
 
 
 def pprof(profile, *args):
-    """`go tool pprof`, offline, with its caches in a scratch directory."""
-    if shutil.which("go") is None:
-        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
-    with tempfile.TemporaryDirectory(prefix="ddheap-go-") as home:
-        env = dict(os.environ, HOME=home, GOCACHE=os.path.join(home, "cache"),
-                   GOPATH=os.path.join(home, "path"), GOTOOLCHAIN="local", GOPROXY="off",
-                   PPROF_TMPDIR=home)
-        r = subprocess.run(["go", "tool", "pprof", "-symbolize=none"] + list(args) + [profile],
-                           capture_output=True, text=True, env=env, timeout=TIMEOUT)
-    if r.returncode != 0:
-        raise Failure(f"go tool pprof {' '.join(args)} failed: {r.stderr.strip()}")
-    return r.stdout
+    """`go tool pprof ARGS... PROFILE` (harness.go_pprof)."""
+    return harness.go_pprof(*args, profile, timeout=TIMEOUT)
 
 
 def read_raw(profile):

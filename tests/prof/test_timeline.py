@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import Checker, Failure
+from harness import Failure, go_pprof as pprof, run_checks
 
 TIMEOUT = 120
 PERIOD_MS = 500
@@ -188,20 +188,6 @@ def check_state(c, prof, counts, truth, what):
 
 
 # --- tools -------------------------------------------------------------------
-
-def pprof(*args):
-    if shutil.which("go") is None:
-        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
-    with tempfile.TemporaryDirectory(prefix="ddheap-go-") as home:
-        env = dict(os.environ, HOME=home, GOCACHE=os.path.join(home, "cache"),
-                   GOPATH=os.path.join(home, "path"), GOTOOLCHAIN="local", GOPROXY="off",
-                   PPROF_TMPDIR=home)
-        r = subprocess.run(["go", "tool", "pprof", "-symbolize=none"] + list(args),
-                           capture_output=True, text=True, env=env, timeout=TIMEOUT)
-    if r.returncode != 0:
-        raise Failure(f"go tool pprof {' '.join(args)} failed: {r.stderr.strip()}")
-    return r.stdout
-
 
 def svg_in_chromium(c, svg, names, shot):
     """The SVG opens in headless chromium, its script runs (it marks the
@@ -410,13 +396,7 @@ def main():
               "(CI runs this suite as root; run `sudo meson test --suite prof`)")
         return 77
     os.makedirs(artifacts, exist_ok=True)
-    c = Checker(name)
-    try:
-        TESTS[name](c, prof, timeline, artifacts)
-    except Failure as e:
-        c.check(False, str(e))
-    print(f"{c.passed} passed, {c.failed} failed")
-    return 1 if c.failed or not c.passed else 0
+    return run_checks(name, TESTS[name], prof, timeline, artifacts)
 
 
 if __name__ == "__main__":
