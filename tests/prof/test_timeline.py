@@ -19,9 +19,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 from harness import Failure, go_pprof as pprof, run_checks
 
@@ -346,8 +348,8 @@ def test_timeline(c, prof, timeline, artifacts):
 def test_timeline_free(c, prof, timeline, artifacts):
     """The program frees everything: the default flame graph is the peak
     and its title says so; the final profile says why it is empty;
-    --max-files keeps the newest snapshots. Then a program that allocates
-    nothing: the SVG and the profile say so."""
+    --max-files keeps the newest snapshots. SIGUSR1 writes a snapshot.
+    Then a program that allocates nothing: the SVG and the profile say so."""
     out = os.path.join(artifacts, "tf.pb.gz")
     svg = os.path.join(artifacts, "tf.svg")
     truth, err = run(timeline, artifacts, "tf", "free",
@@ -370,6 +372,36 @@ def test_timeline_free(c, prof, timeline, artifacts):
     snaps = sorted(f for f in os.listdir(artifacts) if re.fullmatch(r"tf\.\d{4}\.pb\.gz", f))
     c.check(len(snaps) == 3 and int(snaps[-1][3:7]) >= 11,
             f"--max-files 3: the newest 3 snapshots kept ({snaps})")
+
+    # SIGUSR1: a numbered snapshot at once, without --every.
+    out = os.path.join(artifacts, "ts.pb.gz")
+    for f in os.listdir(artifacts):
+        if f.startswith("ts."):
+            os.unlink(os.path.join(artifacts, f))
+    with tempfile.NamedTemporaryFile(mode="w+") as err:
+        text = lambda: open(err.name).read()  # noqa: E731
+        proc = subprocess.Popen([prof, "-o", out, "--", timeline,
+                                 os.path.join(artifacts, "ts.truth"), "100", "keep"],
+                                stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, **ENV))
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while "profiling pid" not in text():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise Failure("ddheap-prof did not start profiling:\n" + text())
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGUSR1)
+            rc = proc.wait(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    numbered = sorted(f for f in os.listdir(artifacts) if re.fullmatch(r"ts\.\d{4}\.pb\.gz", f))
+    c.check(rc == 0 and numbered == ["ts.0001.pb.gz"],
+            f"SIGUSR1 wrote one numbered snapshot ({numbered}, exit {rc})")
+    if numbered:
+        snap = decode(os.path.join(artifacts, numbered[0]))
+        c.check(any(x.startswith("ddheap-prof: snapshot 1 at") for x in snap["comments"]),
+                "its comments say snapshot 1 and its instant")
 
     none_svg = os.path.join(artifacts, "tn.svg")
     none_out = os.path.join(artifacts, "tn.pb.gz")
