@@ -36,10 +36,34 @@ static FILE *open_output(const char *path)
     return f;
 }
 
-/* Every output is opened before anything is attached: a path that cannot
- * be written fails now, not after the run. */
+/* An output written later (through a temporary name): its directory must
+ * be writable now, and the file if it exists. Exits 1 if not. */
+static void check_writable(const char *path)
+{
+    if (path == NULL)
+        return;
+    char *dir = strdup(path);
+    if (dir == NULL)
+        exit(1);
+    char *slash = strrchr(dir, '/');
+    const char *d = slash == NULL ? "." : slash == dir ? "/" : (*slash = '\0', dir);
+    int rc = access(d, W_OK);
+    if (rc != 0 || (access(path, F_OK) == 0 && access(path, W_OK) != 0)) {
+        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    free(dir);
+}
+
+/* Every output is opened (or, if written later, checked) before anything
+ * is attached: a path that cannot be written fails now, not after the
+ * run. */
 void dd_prof_open_outputs(const struct options *o, struct outputs *f)
 {
+    check_writable(o->peak_path);
+    check_writable(o->report_path);
+    if (o->every > 0 || strchr(o->out_path, '%'))
+        check_writable(o->out_path);
     /* -o as a snapshot pattern: the final profile is the last snapshot. */
     f->out = strchr(o->out_path, '%') ? NULL : open_output(o->out_path);
     f->svg = open_output(o->svg_path);
@@ -72,7 +96,8 @@ const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_tabl
     return buf;
 }
 
-/* The run's comments, on stderr too (the first time) when it lost events. */
+/* One profile of table t (the run's, or a view of it) with the run's
+ * comments, then note, then why it is empty if it is. */
 static int write_pprof_of(struct prof *p, const struct dd_prof_table *t, FILE *out,
                           const char *path, int64_t at_mono_ns, const char *note)
 {
