@@ -52,6 +52,8 @@ def read_raw(profile):
         elif section == "samples-head":
             out["types"] = [t.split("/")[0] for t in line.replace("[dflt]", "").split()]
             section = "samples"
+        elif section == "samples" and re.match(r"^\s+\w+:\[", line):
+            pass  # a label of the sample above (lifetime): the values stay per stack
         elif section == "samples":
             values, _, ids = line.partition(":")
             out["samples"].append(([int(v) for v in values.split()], [int(i) for i in ids.split()]))
