@@ -6,8 +6,8 @@
  *
  * Phases start just after the multiples of PERIOD_MS on CLOCK_MONOTONIC
  * (the instants of ddheap-prof's --every snapshots, and the clock of its
- * events) and each finishes well before the next one, so every snapshot
- * sees the state after a whole phase. Phase by phase:
+ * events) and normally finish well before the next one, so that the
+ * snapshots see the states after whole phases. Phase by phase:
  *
  *   0      site_cache fills 256 blocks of 8 KiB, kept to the end;
  *   1..4   site_peak adds 512 blocks of 8 KiB each phase (the peak: 16 MiB
@@ -27,7 +27,11 @@
  * The truth: "phase K START_NS END_NS", "state K SITE LIVE ALLOCATED"
  * (block counts after phase K), "size SITE BYTES", "peak K" (the phase
  * after which the heap was highest), "life SITE BUCKET COUNT" (blocks
- * freed with a lifetime in [2^BUCKET, 2^(BUCKET+1)) ns, as measured here).
+ * freed with a lifetime in [2^BUCKET, 2^(BUCKET+1)) ns, as measured here),
+ * "at NS SITE LIVE ALLOCATED" (block counts at each multiple NS of the
+ * period during the run, from the calls that returned before it) and
+ * "across NS SITE +1|-1" (a call running across NS: on a busy machine
+ * a phase can outlast its period; then the state is known but for it).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dd_example_libc.h>
@@ -45,6 +49,25 @@ static const char *const site_names[NSITES] = {"site_cache", "site_peak", "site_
 static const size_t site_size[NSITES] = {8192, 8192, 8192, 4096, 4096};
 static unsigned long live[NSITES], allocated[NSITES];
 static unsigned long life[NSITES][64];
+
+/* Every alloc and free, with the clock read just before and just after
+ * it: ddheap-prof stamps its event in between, so the state at any
+ * instant is known but for the one call running across it. */
+struct op {
+    uint64_t before, after;
+    int site, delta;
+};
+static struct op ops[32768];
+static unsigned nops;
+
+static uint64_t now_ns(void);
+
+static void record(int site, int delta, uint64_t before)
+{
+    if (nops == sizeof ops / sizeof ops[0])
+        exit(4);
+    ops[nops++] = (struct op){before, now_ns(), site, delta};
+}
 
 struct block {
     void *p;
@@ -67,7 +90,9 @@ static unsigned bucket(uint64_t ns)
 #define SITE_ALLOC(name, site)                                                                     \
     __attribute__((noinline)) static void name(struct block *b)                                    \
     {                                                                                              \
+        uint64_t before = now_ns();                                                                \
         b->p = dd_example_malloc(site_size[site]);                                                 \
+        record(site, 1, before);                                                                   \
         if (b->p == NULL)                                                                          \
             exit(3);                                                                               \
         memset(b->p, 1, 64);                                                                       \
@@ -84,8 +109,10 @@ SITE_ALLOC(site_medium, MEDIUM)
 
 static void release(int site, struct block *b)
 {
-    life[site][bucket(now_ns() - b->born)]++;
+    uint64_t before = now_ns();
+    life[site][bucket(before - b->born)]++;
     dd_example_free(b->p);
+    record(site, -1, before);
     live[site]--;
 }
 
@@ -167,7 +194,9 @@ int main(int argc, char **argv)
                 (unsigned long long)end);
         for (int s = 0; s < NSITES; s++)
             fprintf(truth, "state %d %s %lu %lu\n", phase, site_names[s], live[s], allocated[s]);
-        boundary += period;
+        /* The next phase after the next instant, even if this one ran
+         * late: two phases never share an interval. */
+        boundary = (now_ns() / period + 1) * period;
     }
     fprintf(truth, "peak 4\n");
     if (!keep) {
@@ -179,6 +208,25 @@ int main(int argc, char **argv)
                 (unsigned long long)now_ns());
         for (int s = 0; s < NSITES; s++)
             fprintf(truth, "state 10 %s %lu %lu\n", site_names[s], live[s], allocated[s]);
+    }
+    /* The state at each snapshot instant of the run (the multiples of the
+     * period): the calls done before it, and any running across it. */
+    uint64_t first = ops[0].before / period * period + period;
+    fprintf(truth, "end %llu\n", (unsigned long long)ops[nops - 1].after);
+    for (uint64_t at = first; nops && at <= ops[nops - 1].after + period; at += period) {
+        long at_live[NSITES] = {0}, at_alloc[NSITES] = {0};
+        for (unsigned i = 0; i < nops; i++) {
+            if (ops[i].after < at) {
+                at_live[ops[i].site] += ops[i].delta;
+                at_alloc[ops[i].site] += ops[i].delta > 0;
+            } else if (ops[i].before < at) {
+                fprintf(truth, "across %llu %s %d\n", (unsigned long long)at,
+                        site_names[ops[i].site], ops[i].delta);
+            }
+        }
+        for (int s = 0; s < NSITES; s++)
+            fprintf(truth, "at %llu %s %ld %ld\n", (unsigned long long)at, site_names[s],
+                    at_live[s], at_alloc[s]);
     }
     for (int s = 0; s < NSITES; s++)
         for (unsigned k = 0; k < 64; k++)
