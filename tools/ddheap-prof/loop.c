@@ -79,6 +79,12 @@ static int on_event(void *ctx, void *data, size_t size)
     return 0;
 }
 
+void dd_prof_catch_snapshot_signal(void)
+{
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 int64_t dd_prof_now_ns(clockid_t clock)
 {
     struct timespec ts;
@@ -125,7 +131,6 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status, bool *exec_seen
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
     /* The run's clock starts now, for the table's checkpoints. */
     dd_prof_table_advance(&p->table, (uint64_t)p->started_mono);
     int64_t deadline =

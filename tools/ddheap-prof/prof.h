@@ -112,6 +112,9 @@ int dd_prof_setup_bpf(struct prof *p);
  * *status tell whether (and how) a started command ended. */
 bool dd_prof_run_loop(struct prof *p, bool *exited, int *status, bool *exec_seen);
 void dd_prof_teardown_bpf(struct prof *p);
+/* From the start: SIGUSR1 asks the loop for a snapshot (it must not end
+ * ddheap-prof, the default action, if it comes early). */
+void dd_prof_catch_snapshot_signal(void);
 int64_t dd_prof_now_ns(clockid_t clock);
 
 /* output.c */
