@@ -280,14 +280,14 @@ def test_timeline(c, prof, timeline, artifacts):
     snapshot and the peak profile within 5 sd of the truth per site; the
     leaking site first in the leak ranking, the cache not flagged;
     lifetimes in the program's log2 bucket for >= 90 % of freed samples;
-    the end's flame graph in chromium."""
+    a flame graph per snapshot (--svg a pattern), in chromium."""
     out = os.path.join(artifacts, "tl.pb.gz")
     peak = os.path.join(artifacts, "tl-peak.pb.gz")
     report = os.path.join(artifacts, "tl-report.txt")
-    svg = os.path.join(artifacts, "tl-end.svg")
+    svgs = os.path.join(artifacts, "tl.%04d.svg")
     truth, err = run(timeline, artifacts, "tl", "keep",
                      [prof, "-o", out, "--every", str(PERIOD_MS / 1000), "--peak", peak,
-                      "--report", report, "--svg", svg])
+                      "--report", report, "--svg", svgs])
 
     snaps = sorted(f for f in os.listdir(artifacts) if re.fullmatch(r"tl\.\d{4}\.pb\.gz", f))
     c.check(len(snaps) >= 11, f"--every {PERIOD_MS / 1000}: {len(snaps)} snapshots ({snaps[:2]}...)")
@@ -350,7 +350,14 @@ def test_timeline(c, prof, timeline, artifacts):
     c.check(131072 in lab.get("site_short", set()) and 8388608 in lab.get("site_medium", set()),
             f"lifetime labels in nanoseconds per site ({ {s: sorted(v) for s, v in lab.items()} })")
 
-    dom = svg_in_chromium(c, svg, ["site_cache", "site_leak"], os.path.join(artifacts, "tl-end.png"))
+    # --svg as a pattern: a flame graph with each snapshot. The one after
+    # a growth step shows site_peak; the last one (the end) does not.
+    c.equal(sorted(f for f in os.listdir(artifacts) if re.fullmatch(r"tl\.\d{4}\.svg", f)),
+            [f.replace(".pb.gz", ".svg") for f in snaps], "a flame graph per snapshot")
+    svg_in_chromium(c, svgs % (i + 1), ["site_peak", "site_cache", "site_leak"],
+                    os.path.join(artifacts, "tl-growth.png"))
+    dom = svg_in_chromium(c, svgs % len(snaps), ["site_cache", "site_leak"],
+                          os.path.join(artifacts, "tl-end.png"))
     c.check("site_peak (" not in dom, "the end's flame graph: site_peak freed, not shown")
 
 

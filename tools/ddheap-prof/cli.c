@@ -26,7 +26,8 @@ static void usage(FILE *to)
           "freed everything, they show the heap at its peak. --peak writes the profile\n"
           "at the peak. --every writes a numbered profile every SECONDS (-o's name with\n"
           "a number, or -o as a pattern with %d or %04d), as does SIGUSR1; --max-files\n"
-          "keeps the newest N. --report writes lifetimes per site and leak suspects.\n",
+          "keeps the newest N; --svg with a %d writes a flame graph with each. --report\n"
+          "writes lifetimes per site and leak suspects.\n",
           to);
 }
 

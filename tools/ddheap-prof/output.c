@@ -64,9 +64,12 @@ void dd_prof_open_outputs(const struct options *o, struct outputs *f)
     check_writable(o->report_path);
     if (o->every > 0 || strchr(o->out_path, '%'))
         check_writable(o->out_path);
+    if (o->svg_path && strchr(o->svg_path, '%'))
+        check_writable(o->svg_path);
     /* -o as a snapshot pattern: the final profile is the last snapshot. */
     f->out = strchr(o->out_path, '%') ? NULL : open_output(o->out_path);
-    f->svg = open_output(o->svg_path);
+    /* --svg as a pattern: one per snapshot, the last one at the end. */
+    f->svg = o->svg_path && strchr(o->svg_path, '%') ? NULL : open_output(o->svg_path);
     f->folded = open_output(o->folded_path);
 }
 
@@ -134,8 +137,9 @@ static int write_pprof_of(struct prof *p, const struct dd_prof_table *t, FILE *o
     return rc;
 }
 
-int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, const char *path,
-                               int64_t at_mono_ns, const char *note)
+/* Writes through path.tmp, renamed into place once complete: a reader
+ * never sees half a file, and a failure leaves none. */
+static int write_file_atomically(const char *path, int (*write)(FILE *, void *), void *ctx)
 {
     size_t n = strlen(path) + 8;
     char *tmp = malloc(n);
@@ -148,7 +152,7 @@ int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, co
         free(tmp);
         return -1;
     }
-    int rc = write_pprof_of(p, t, f, path, at_mono_ns, note);
+    int rc = write(f, ctx);
     if (fclose(f) != 0)
         rc = -1;
     if (rc == 0 && rename(tmp, path) != 0) {
@@ -159,6 +163,48 @@ int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, co
         unlink(tmp);
     free(tmp);
     return rc;
+}
+
+struct file_job {
+    struct prof *p;
+    const struct dd_prof_table *t;
+    const char *path, *note, *title;
+    int64_t at_mono_ns;
+};
+
+static int write_profile_job(FILE *f, void *ctx)
+{
+    const struct file_job *j = ctx;
+    return write_pprof_of(j->p, j->t, f, j->path, j->at_mono_ns, j->note);
+}
+
+int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, const char *path,
+                               int64_t at_mono_ns, const char *note)
+{
+    struct file_job j = {p, t, path, note, NULL, at_mono_ns};
+    return write_file_atomically(path, write_profile_job, &j);
+}
+
+static int write_svg_job(FILE *f, void *ctx)
+{
+    const struct file_job *j = ctx;
+    char why[300];
+    const char *empty = dd_prof_empty_reason(j->p, j->t, j->p->opt.value, why, sizeof why);
+    struct dd_prof_report r;
+    if (dd_prof_report_build(&r, j->t, &j->p->objs) != 0) {
+        fprintf(stderr, "ddheap-prof: out of memory symbolising\n");
+        return -1;
+    }
+    int rc = dd_prof_write_svg_noted(f, &r, j->p->opt.value, j->title, empty);
+    dd_prof_report_free(&r);
+    return rc;
+}
+
+int dd_prof_write_svg_file(struct prof *p, const struct dd_prof_table *t, const char *path,
+                           const char *title)
+{
+    struct file_job j = {p, t, path, NULL, title, 0};
+    return write_file_atomically(path, write_svg_job, &j);
 }
 
 /* For a started command that freed everything it had sampled, the SVG and
@@ -276,7 +322,7 @@ static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
         rc = -1;
     if (p->opt.report_path && write_report(p) != 0)
         rc = -1;
-    if (p->snaps.period_ns || out == NULL) {
+    if (p->snaps.period_ns || out == NULL || p->snaps.svg_pattern != NULL) {
         /* The series ends with the state at the end of the run; with -o a
          * pattern, that is the final profile. */
         dd_prof_snapshot_now(p, end);

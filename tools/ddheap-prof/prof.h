@@ -47,8 +47,7 @@ struct snapshots {
     uint64_t period_ns;     /* 0: only on SIGUSR1 */
     uint64_t next_ns;       /* CLOCK_MONOTONIC instant of the next one */
     unsigned seq;           /* the last number written */
-    char **kept;            /* names on disk, oldest first (--max-files) */
-    size_t nkept;
+    const char *svg_pattern; /* --svg with one %d: a flame graph each */
     bool failed;
 };
 
@@ -126,6 +125,10 @@ int dd_prof_write_outputs(struct prof *p, struct outputs *f);
  * a file. note (may be NULL) is one more comment. Returns 0 or -1. */
 int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, const char *path,
                                int64_t at_mono_ns, const char *note);
+/* The flame graph of table t (--value) to path, through a temporary
+ * name. Returns 0 or -1. */
+int dd_prof_write_svg_file(struct prof *p, const struct dd_prof_table *t, const char *path,
+                           const char *title);
 /* Why a view with nothing in it is empty, in one sentence (into buf);
  * NULL if it is not empty. */
 const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_table *t,

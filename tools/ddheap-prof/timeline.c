@@ -16,7 +16,7 @@
  *
  * Names: -o with one integer conversion (%d, %4d, %04d...) is the
  * pattern; otherwise -o with ".%04d" before its ".pb.gz" (or ".gz", or at
- * the end).
+ * the end). --svg with one is the pattern of a flame graph per snapshot.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -100,6 +100,14 @@ void dd_prof_snapshots_setup(struct prof *p)
                         "and no other %% but %%%%\n", out);
         exit(2);
     }
+    if (p->opt.svg_path != NULL && strchr(p->opt.svg_path, '%') != NULL) {
+        if (!valid_pattern(p->opt.svg_path)) {
+            fprintf(stderr, "ddheap-prof: --svg %s: a name pattern has one %%d (or %%04d...) "
+                            "and no other %% but %%%%\n", p->opt.svg_path);
+            exit(2);
+        }
+        s->svg_pattern = p->opt.svg_path;
+    }
     if (p->opt.every > 0) {
         s->period_ns = (uint64_t)llround(p->opt.every * 1e9);
         uint64_t now = (uint64_t)dd_prof_now_ns(CLOCK_MONOTONIC);
@@ -107,8 +115,25 @@ void dd_prof_snapshots_setup(struct prof *p)
     }
 }
 
+/* The name of snapshot seq by a checked pattern (valid_pattern), in buf;
+ * false if it does not fit. */
+static bool snapshot_name(char *buf, size_t len, const char *pattern, unsigned seq)
+{
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    int n = snprintf(buf, len, pattern, seq);
+#pragma GCC diagnostic pop
+    if (n < 0 || (size_t)n >= len) {
+        fprintf(stderr, "ddheap-prof: snapshot name too long\n");
+        return false;
+    }
+    return true;
+}
+
 /* Writes the table as it is now as the next numbered snapshot, stamped
- * at_ns; drops the oldest beyond --max-files. */
+ * at_ns (and its flame graph with --svg a pattern); removes the files of
+ * the number --max-files before (numbers are consecutive, so the newest N
+ * stay). */
 static void write_snapshot(struct prof *p, uint64_t at_ns)
 {
     struct snapshots *s = &p->snaps;
@@ -119,44 +144,42 @@ static void write_snapshot(struct prof *p, uint64_t at_ns)
     }
     char name[4096];
     unsigned seq = s->seq + 1;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wformat-nonliteral"
-    int n = snprintf(name, sizeof name, s->pattern, seq);
-#pragma GCC diagnostic pop
-    if (n < 0 || (size_t)n >= sizeof name) {
-        fprintf(stderr, "ddheap-prof: snapshot name too long\n");
+    if (!snapshot_name(name, sizeof name, s->pattern, seq)) {
         s->failed = true;
         return;
     }
     char note[160];
+    double into = (double)((int64_t)at_ns - p->started_mono) / 1e9;
     snprintf(note, sizeof note,
              "ddheap-prof: snapshot %u at CLOCK_MONOTONIC %" PRIu64 " ns, %.3f s into the run", seq,
-             at_ns, (double)((int64_t)at_ns - p->started_mono) / 1e9);
+             at_ns, into);
     dd_prof_table_advance(&p->table, at_ns);
     if (dd_prof_write_profile_file(p, &p->table, name, (int64_t)at_ns, note) != 0) {
         s->failed = true;
         return;
     }
+    if (s->svg_pattern != NULL) {
+        char svg[4096], title[128];
+        snprintf(title, sizeof title, "ddheap-prof: %s, pid %d, snapshot %u (%.2f s)",
+                 dd_prof_value_names[p->opt.value], (int)p->pid, seq, into);
+        if (!snapshot_name(svg, sizeof svg, s->svg_pattern, seq) ||
+            dd_prof_write_svg_file(p, &p->table, svg, title) != 0) {
+            s->failed = true;
+            return;
+        }
+    }
     s->seq = seq;
     if (p->opt.verbose)
         fprintf(stderr, "ddheap-prof: wrote %s\n", name);
-    if (p->opt.max_files == 0)
+    if (p->opt.max_files == 0 || seq <= p->opt.max_files)
         return;
-    char **grown = realloc(s->kept, (s->nkept + 1) * sizeof *grown);
-    char *copy = strdup(name);
-    if (grown == NULL || copy == NULL) {
-        free(copy);
-        if (grown)
-            s->kept = grown;
-        return; /* the file stays; only its later removal is forgone */
-    }
-    s->kept = grown;
-    s->kept[s->nkept++] = copy;
-    while (s->nkept > p->opt.max_files) {
-        if (unlink(s->kept[0]) != 0 && errno != ENOENT)
-            fprintf(stderr, "ddheap-prof: cannot remove %s: %s\n", s->kept[0], strerror(errno));
-        free(s->kept[0]);
-        memmove(s->kept, s->kept + 1, --s->nkept * sizeof *s->kept);
+    const char *patterns[2] = {s->pattern, s->svg_pattern};
+    for (int i = 0; i < 2; i++) {
+        if (patterns[i] == NULL || !snapshot_name(name, sizeof name, patterns[i],
+                                                  seq - p->opt.max_files))
+            continue;
+        if (unlink(name) != 0 && errno != ENOENT)
+            fprintf(stderr, "ddheap-prof: cannot remove %s: %s\n", name, strerror(errno));
     }
 }
 
@@ -184,9 +207,6 @@ void dd_prof_snapshot_now(struct prof *p, int64_t now_mono_ns)
 
 void dd_prof_snapshots_free(struct prof *p)
 {
-    for (size_t i = 0; i < p->snaps.nkept; i++)
-        free(p->snaps.kept[i]);
-    free(p->snaps.kept);
     free(p->snaps.pattern);
     memset(&p->snaps, 0, sizeof p->snaps);
 }
