@@ -11,9 +11,9 @@
  *           than, rounded up to a power of two (the end of the histogram
  *           bucket where 90 % is reached); with no freed block, 0;
  *   old(s)  the estimated bytes of s's live sampled blocks older than
- *           p90(s) at the end of the run;
- *   L(f)    s's estimated live bytes at fraction f of the run (the table's
- *           checkpoints, table.h);
+ *           p90(s) at the last event of the run;
+ *   L(f)    s's estimated live bytes at fraction f of the run, from its
+ *           start to its last event (the table's checkpoints, table.h);
  *   s is a suspect if old(s) > 0 and L(1/4) < L(1/2) < L(1): blocks that
  *   outlived what the site's blocks normally live, at a site whose live
  *   bytes kept growing. Suspects rank by old(s), largest first.
@@ -149,8 +149,8 @@ int dd_prof_write_lifetime_report(FILE *out, const struct prof *p, const struct 
     char a[32], b[32], c[32], d[32], e[32];
     double run_ns = (double)(end - t->first_ts_ns);
     put_duration(a, sizeof a, run_ns);
-    fprintf(out, "ddheap-prof lifetime report: pid %d, run %s, sampling interval %" PRIu64
-                 " bytes\n",
+    fprintf(out, "ddheap-prof lifetime report: pid %d, %s from the start to the last event, "
+                 "sampling interval %" PRIu64 " bytes\n",
             (int)p->pid, a, p->interval);
     fprintf(out, "sampled: %" PRIu64 " allocations, %" PRIu64 " frees (%" PRIu64
                  " of blocks not seen allocated), %zu still live\n",
@@ -164,7 +164,8 @@ int dd_prof_write_lifetime_report(FILE *out, const struct prof *p, const struct 
     fprintf(out,
             "LEAK SUSPECTS: sites with live sampled blocks older than the site's p90 lifetime\n"
             "(90 %% of its freed sampled blocks lived less, to the next power of two; 0 when\n"
-            "none was freed) whose live bytes grew: L(1/4 run) < L(1/2 run) < L(end).\n"
+            "none was freed) whose live bytes grew: L(1/4 run) < L(1/2 run) < L(end), the\n"
+            "run from its start to its last event.\n"
             "Ranked by the bytes of those old blocks.\n");
     struct site *ranked = malloc((n ? n : 1) * sizeof *ranked);
     if (ranked == NULL) {

@@ -101,8 +101,9 @@ const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_tabl
 
 /* One profile of table t (the run's, or a view of it) with the run's
  * comments, then note, then why it is empty if it is. */
-static int write_pprof_of(struct prof *p, const struct dd_prof_table *t, FILE *out,
-                          const char *path, int64_t at_mono_ns, const char *note)
+static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
+                          struct dd_prof_report *built, FILE *out, const char *path,
+                          int64_t at_mono_ns, const char *note)
 {
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
@@ -125,15 +126,16 @@ static int write_pprof_of(struct prof *p, const struct dd_prof_table *t, FILE *o
     if (empty)
         comments[ncomments++] = empty;
 
-    struct dd_prof_report r;
-    if (dd_prof_report_build(&r, t, &p->objs) != 0) {
+    struct dd_prof_report own, *r = built ? built : &own;
+    if (built == NULL && dd_prof_report_build(&own, t, &p->objs) != 0) {
         fprintf(stderr, "ddheap-prof: out of memory symbolising\n");
         return -1;
     }
     struct dd_prof_meta meta = {p->started_realtime, at_mono_ns - p->started_mono,
                                 (int64_t)p->interval, comments, ncomments};
-    int rc = dd_prof_write_pprof(out, path, &r, &p->objs, &meta);
-    dd_prof_report_free(&r);
+    int rc = dd_prof_write_pprof(out, path, r, &p->objs, &meta);
+    if (built == NULL)
+        dd_prof_report_free(&own);
     return rc;
 }
 
@@ -165,9 +167,12 @@ static int write_file_atomically(const char *path, int (*write)(FILE *, void *),
     return rc;
 }
 
+/* One file to write from table t; r, if not NULL, is t's report already
+ * built (a snapshot's profile and flame graph share one). */
 struct file_job {
     struct prof *p;
     const struct dd_prof_table *t;
+    struct dd_prof_report *r;
     const char *path, *note, *title;
     int64_t at_mono_ns;
 };
@@ -175,13 +180,13 @@ struct file_job {
 static int write_profile_job(FILE *f, void *ctx)
 {
     const struct file_job *j = ctx;
-    return write_pprof_of(j->p, j->t, f, j->path, j->at_mono_ns, j->note);
+    return write_pprof_of(j->p, j->t, j->r, f, j->path, j->at_mono_ns, j->note);
 }
 
 int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, const char *path,
                                int64_t at_mono_ns, const char *note)
 {
-    struct file_job j = {p, t, path, note, NULL, at_mono_ns};
+    struct file_job j = {p, t, NULL, path, note, NULL, at_mono_ns};
     return write_file_atomically(path, write_profile_job, &j);
 }
 
@@ -190,21 +195,28 @@ static int write_svg_job(FILE *f, void *ctx)
     const struct file_job *j = ctx;
     char why[300];
     const char *empty = dd_prof_empty_reason(j->p, j->t, j->p->opt.value, why, sizeof why);
+    return dd_prof_write_svg_noted(f, j->r, j->p->opt.value, j->title, empty);
+}
+
+int dd_prof_write_snapshot_files(struct prof *p, const char *pb_path, const char *svg_path,
+                                 int64_t at_mono_ns, const char *note, const char *title)
+{
     struct dd_prof_report r;
-    if (dd_prof_report_build(&r, j->t, &j->p->objs) != 0) {
+    if (dd_prof_report_build(&r, &p->table, &p->objs) != 0) {
         fprintf(stderr, "ddheap-prof: out of memory symbolising\n");
         return -1;
     }
-    int rc = dd_prof_write_svg_noted(f, &r, j->p->opt.value, j->title, empty);
+    /* The flame graph first: the profile's writer adds its own strings
+     * to the report's table. */
+    struct file_job svg = {p, &p->table, &r, svg_path, NULL, title, 0};
+    struct file_job pb = {p, &p->table, &r, pb_path, note, NULL, at_mono_ns};
+    int rc = 0;
+    if (svg_path != NULL)
+        rc = write_file_atomically(svg_path, write_svg_job, &svg);
+    if (rc == 0)
+        rc = write_file_atomically(pb_path, write_profile_job, &pb);
     dd_prof_report_free(&r);
     return rc;
-}
-
-int dd_prof_write_svg_file(struct prof *p, const struct dd_prof_table *t, const char *path,
-                           const char *title)
-{
-    struct file_job j = {p, t, path, NULL, title, 0};
-    return write_file_atomically(path, write_svg_job, &j);
 }
 
 /* For a started command that freed everything it had sampled, the SVG and
@@ -300,8 +312,10 @@ static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
 {
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
+    /* The table's clock stays at its last event: the leak rule's quarters
+     * are of the time events came in, not of an idle tail or of the time
+     * it took to notice the end. */
     int64_t end = dd_prof_now_ns(CLOCK_MONOTONIC);
-    dd_prof_table_advance(&p->table, (uint64_t)end);
     fprintf(stderr,
             "ddheap-prof: alloc events %" PRIu64 ", free events %" PRIu64 " (%" PRIu64
             " of blocks not seen allocated), live sampled blocks %zu\n",
@@ -330,7 +344,7 @@ static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
             rc = -1;
     }
     if (out) {
-        int prc = write_pprof_of(p, &p->table, out, p->opt.out_path, end, NULL);
+        int prc = write_pprof_of(p, &p->table, NULL, out, p->opt.out_path, end, NULL);
         if (prc == 0)
             fprintf(stderr, "ddheap-prof: wrote %s (%zu stacks)\n", p->opt.out_path,
                     p->table.nstacks);

@@ -125,10 +125,11 @@ int dd_prof_write_outputs(struct prof *p, struct outputs *f);
  * a file. note (may be NULL) is one more comment. Returns 0 or -1. */
 int dd_prof_write_profile_file(struct prof *p, const struct dd_prof_table *t, const char *path,
                                int64_t at_mono_ns, const char *note);
-/* The flame graph of table t (--value) to path, through a temporary
- * name. Returns 0 or -1. */
-int dd_prof_write_svg_file(struct prof *p, const struct dd_prof_table *t, const char *path,
-                           const char *title);
+/* A snapshot of the run's table: the profile to pb_path and, if svg_path
+ * is not NULL, its flame graph (--value), from one symbolised report,
+ * each through a temporary name. Returns 0 or -1. */
+int dd_prof_write_snapshot_files(struct prof *p, const char *pb_path, const char *svg_path,
+                                 int64_t at_mono_ns, const char *note, const char *title);
 /* Why a view with nothing in it is empty, in one sentence (into buf);
  * NULL if it is not empty. */
 const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_table *t,

@@ -153,20 +153,14 @@ static void write_snapshot(struct prof *p, uint64_t at_ns)
     snprintf(note, sizeof note,
              "ddheap-prof: snapshot %u at CLOCK_MONOTONIC %" PRIu64 " ns, %.3f s into the run", seq,
              at_ns, into);
-    dd_prof_table_advance(&p->table, at_ns);
-    if (dd_prof_write_profile_file(p, &p->table, name, (int64_t)at_ns, note) != 0) {
+    char svg[4096], title[128];
+    snprintf(title, sizeof title, "ddheap-prof: %s, pid %d, snapshot %u (%.2f s)",
+             dd_prof_value_names[p->opt.value], (int)p->pid, seq, into);
+    if ((s->svg_pattern != NULL && !snapshot_name(svg, sizeof svg, s->svg_pattern, seq)) ||
+        dd_prof_write_snapshot_files(p, name, s->svg_pattern ? svg : NULL, (int64_t)at_ns, note,
+                                     title) != 0) {
         s->failed = true;
         return;
-    }
-    if (s->svg_pattern != NULL) {
-        char svg[4096], title[128];
-        snprintf(title, sizeof title, "ddheap-prof: %s, pid %d, snapshot %u (%.2f s)",
-                 dd_prof_value_names[p->opt.value], (int)p->pid, seq, into);
-        if (!snapshot_name(svg, sizeof svg, s->svg_pattern, seq) ||
-            dd_prof_write_svg_file(p, &p->table, svg, title) != 0) {
-            s->failed = true;
-            return;
-        }
     }
     s->seq = seq;
     if (p->opt.verbose)
