@@ -29,6 +29,9 @@ static const char *const allocator_names[] = {
     "valloc", "pvalloc", "reallocarray", "cfree", "malloc_usable_size",
     "_int_malloc", "_int_free", "_int_realloc", "_int_memalign", "sysmalloc",
     "tcache_init", "malloc_consolidate", "_mid_memalign", "__libc_memalign",
+    /* ddheap's own static helpers (src/sampler.c), in a program linked
+     * with libddheap.a: a real frame in a debug build */
+    "created_the_long_way", "release_the_long_way",
 };
 
 /* Prefixes: ddheap's own symbols; glibc's __libc_malloc etc.; operator

@@ -34,7 +34,19 @@ static long function_of(struct dd_prof_report *r, const char *system_name, const
 
 static bool is_allocator_location(const struct dd_prof_report *r, const struct dd_prof_location *l)
 {
-    return dd_prof_is_allocator_frame(r->strings.v[r->funcs[l->function[l->n - 1]].system_name]);
+    return l->in_ddheap_object ||
+           dd_prof_is_allocator_frame(r->strings.v[r->funcs[l->function[l->n - 1]].system_name]);
+}
+
+/* Every function of the preload library is ddheap's or the malloc
+ * family's, whatever it is called (its wrappers' names are its own). */
+static bool is_ddheap_object(const struct dd_prof_object *o)
+{
+    if (o == NULL || o->path == NULL)
+        return false;
+    const char *slash = strrchr(o->path, '/');
+    const char *base = slash ? slash + 1 : o->path;
+    return strncmp(base, "libddheap_preload", strlen("libddheap_preload")) == 0;
 }
 
 /* What symbolises one process's stacks: its objects, their symbolizer
@@ -71,6 +83,7 @@ static long location_of(struct dd_prof_report *r, struct process_view *v, uint64
     struct dd_prof_location *l = &r->locs[i];
     l->addr = addr;
     l->object = f.object ? (long)(v->objects->first + (size_t)(f.object - objs->v)) : -1;
+    l->in_ddheap_object = is_ddheap_object(f.object);
     /* ddheap's hooks inlined into the allocator are left off too: the
      * location starts at the allocator's own line of the call. */
     unsigned skip = 0;

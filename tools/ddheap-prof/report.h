@@ -22,6 +22,7 @@ struct dd_prof_location {
     uint32_t function[DD_PROF_MAX_INLINE];
     int line[DD_PROF_MAX_INLINE];
     unsigned n;
+    bool in_ddheap_object; /* in libddheap_preload.so: ddheap's, whatever its name */
 };
 
 struct dd_prof_function {
