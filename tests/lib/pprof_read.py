@@ -1,7 +1,8 @@
 """Reading ddheap-prof's profiles back: Debian's `go tool pprof` (-raw,
--top, -traces), run offline with its caches in a scratch directory, and a
-small reader of the gzipped profile.proto itself for what pprof does not
-print (Function.system_name).
+-top, -traces, -tags), run offline with its caches in a scratch directory,
+and a small reader of the gzipped profile.proto itself for what pprof does
+not print (Function.system_name) or prints rounded (sample values and
+numeric labels, exactly).
 """
 
 import gzip
@@ -51,9 +52,10 @@ def read_raw(profile):
             out["types"] = [t.split("/")[0] for t in line.replace("[dflt]", "").split()]
             section = "samples"
         elif section == "samples":
-            label = re.match(r"^\s+(\w+):\[(.*)\]$", line)
-            if label:  # a label of the sample above: pid:[1234]
-                out["labels"][-1][label.group(1)] = label.group(2)
+            if re.match(r"^\s+(\w+:\[[^\]]*\]\s*)+$", line):
+                # the labels of the sample above, on one line:
+                # lifetime:[131072 nanoseconds] pid:[1234]
+                out["labels"][-1].update(re.findall(r"(\w+):\[([^\]]*)\]", line))
                 continue
             values, _, ids = line.partition(":")
             out["samples"].append(([int(v) for v in values.split()], [int(i) for i in ids.split()]))
@@ -128,3 +130,68 @@ def read_functions(profile):
             funcs.append(fn)
     return [{"name": strings[f[2]], "system_name": strings[f[3]], "filename": strings[f[4]]}
             for f in funcs]
+
+
+def _ints(wire, value):
+    """A repeated integer field's numbers: packed (length-delimited) or one
+    varint."""
+    if wire == 0:
+        return [value]
+    out, at = [], 0
+    while at < len(value):
+        x, at = _varint(value, at)
+        out.append(x)
+    return out
+
+
+def _signed(x):
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def read_samples(profile):
+    """The samples of the profile as it is stored: {"types": [sample type],
+    "samples": [(functions innermost first, values, labels {key: num or
+    str})], "comments": [...]} (profile.proto: Profile.sample_type = 1,
+    sample = 2, location = 4, function = 5, string_table = 6, comment = 13;
+    Sample.location_id = 1, value = 2, label = 3; Label.key = 1, str = 2,
+    num = 3; Location.id = 1, line = 4; Line.function_id = 1; Function.id =
+    1, name = 2; ValueType.type = 1)."""
+    with gzip.open(profile, "rb") as f:
+        data = f.read()
+    strings, types, raw, locs, funcs, comments = [], [], [], {}, {}, []
+    for num, wire, value in _fields(data):
+        if num == 6 and wire == 2:
+            strings.append(value.decode("utf-8", "replace"))
+        elif num == 1 and wire == 2:
+            types.append(dict((n, v) for n, _, v in _fields(value)).get(1, 0))
+        elif num == 2 and wire == 2:
+            ids, values, labels = [], [], []
+            for n, w, v in _fields(value):
+                if n == 1:
+                    ids += _ints(w, v)
+                elif n == 2:
+                    values += [_signed(x) for x in _ints(w, v)]
+                elif n == 3 and w == 2:
+                    labels.append({k: x for k, _, x in _fields(v)})
+            raw.append((ids, values, labels))
+        elif num == 4 and wire == 2:
+            loc_id, lines = 0, []
+            for n, w, v in _fields(value):
+                if n == 1:
+                    loc_id = v
+                elif n == 4 and w == 2:
+                    lines.append({k: x for k, _, x in _fields(v)}.get(1, 0))
+            locs[loc_id] = lines
+        elif num == 5 and wire == 2:
+            fn = {n: v for n, _, v in _fields(value)}
+            funcs[fn.get(1, 0)] = fn.get(2, 0)
+        elif num == 13:
+            comments += _ints(wire, value)
+    samples = []
+    for ids, values, labels in raw:
+        names = [strings[funcs[f]] for i in ids for f in locs.get(i, [])]
+        samples.append((names, values,
+                        {strings[l.get(1, 0)]: strings[l[2]] if l.get(2) else l.get(3, 0)
+                         for l in labels}))
+    return {"types": [strings[t] for t in types], "samples": samples,
+            "comments": [strings[c] for c in comments]}

@@ -21,26 +21,9 @@ import tempfile
 import time
 
 from harness import Failure, run_checks
+from pprof_read import pprof as go_pprof
 
 TIMEOUT = 120
-
-
-def go_pprof(profile, *args):
-    """`go tool pprof ARGS PROFILE`, offline, caches in a scratch HOME."""
-    if shutil.which("go") is None:
-        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
-    home = tempfile.mkdtemp(prefix="ddheap-follow-go-")
-    try:
-        r = subprocess.run(
-            ["go", "tool", "pprof", "-symbolize=none", *args, profile], capture_output=True,
-            text=True, timeout=TIMEOUT,
-            env={**os.environ, "HOME": home, "GOCACHE": home + "/c", "GOPATH": home + "/p",
-                 "GOTOOLCHAIN": "local", "GOPROXY": "off", "PPROF_TMPDIR": home})
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-    if r.returncode != 0:
-        raise Failure(f"go tool pprof {' '.join(args)}: {r.stderr.strip()}")
-    return r.stdout
 
 
 def traces(profile, sample_index):
@@ -84,11 +67,16 @@ def test_follow(c, prof, artifacts, extra):
     """A parent, a forked child and an exec'd child, at R = 1: every
     process's allocations are in the profile, exactly, under its own pid
     label; the parent's exit status 3 is ddheap-prof's, with the program
-    named. --no-follow keeps the parent only."""
+    named. The peak (nothing is freed: the end) is that of the three
+    together, each under its pid, and the report names each site's pid.
+    --no-follow keeps the parent only."""
     (forker,) = extra
     pb = os.path.join(artifacts, "follow.pb.gz")
+    peak = os.path.join(artifacts, "follow-peak.pb.gz")
+    report = os.path.join(artifacts, "follow-report.txt")
     count = 40
-    r = run(prof, ["-o", pb, "--", forker, str(count), "3"], {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+    r = run(prof, ["-o", pb, "--peak", peak, "--report", report, "--", forker, str(count), "3"],
+            {"DD_HEAP_SAMPLING_INTERVAL": "1"})
     c.equal(r.returncode, 3, f"ddheap-prof passes the command's exit status on ({r.stderr.strip()[-300:]})")
     c.check(re.search(r"prof-forker \(pid \d+\) exited with status 3", r.stderr) is not None,
             "stderr names the program and its status")
@@ -106,6 +94,13 @@ def test_follow(c, prof, artifacts, extra):
         c.equal((space.get(pid, 0), objects.get(pid, 0)), (nbytes, n),
                 f"{site}: alloc_space and alloc_objects under pid label {pid}")
     c.check(set(space) == set(truth), f"only those pids carry samples: {sorted(space)}")
+    c.equal(per_pid(traces(peak, "inuse_space")), {pid: b for pid, (_, b, _) in truth.items()},
+            "--peak: the peak of all the processes together, each under its pid label")
+    with open(report) as f:
+        text = f.read()
+    c.check(f"processes: {len(truth)}" in text and
+            all(f"[pid {pid}]" in text for pid in truth),
+            f"--report: each site's process named ({sorted(truth)})")
     # The parent's objects are read at its loader stop, and a forked child
     # has its parent's: their frames are named. (An exec'd grandchild that
     # lives a millisecond may end before its mappings are read.)

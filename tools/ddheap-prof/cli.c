@@ -22,11 +22,19 @@ static void usage(FILE *to)
           "                   [--provider ddheap|otel_memory]\n"
           "                   [--value inuse_space|alloc_space|inuse_objects|alloc_objects]\n"
           "                   [--ringbuf-kb KB] [--unwind dwarf|fp] [--stack-bytes N] [-v]\n"
+          "                   [--peak FILE.pb.gz] [--every SECONDS [--max-files N]]\n"
+          "                   [--report FILE]\n"
           "Profiles the heap of a ddheap-instrumented process; writes a gzipped pprof\n"
           "profile (default ddheap-prof.pb.gz) on Ctrl-C, after -d SECONDS, or when CMD\n"
           "exits, with the pid of each sample as its label `pid`. -f follows the\n"
           "processes it forks (the default with -- CMD; --no-follow: not). Exits with\n"
-          "CMD's status. --svg and --folded show --value (default inuse_space).\n"
+          "CMD's status. --svg and --folded show --value (default inuse_space); for a CMD\n"
+          "that freed everything, they show the heap at its peak. --peak writes the\n"
+          "profile at the peak of all the processes' live bytes together. --every writes a\n"
+          "numbered profile every SECONDS (-o's name with a number, or -o as a pattern\n"
+          "with %d or %04d), as does SIGUSR1; --max-files keeps the newest N; --svg with a\n"
+          "%d writes a flame graph with each. --report writes lifetimes per site and leak\n"
+          "suspects. Freed blocks are samples labelled `lifetime` (log2 bucket, ns).\n"
           "Stacks are unwound by DWARF CFI from a copy of the top N bytes of the user\n"
           "stack (--stack-bytes, default 16384, at most 65536); --unwind=fp walks frame\n"
           "pointers in the kernel instead (cheaper; wrong for code built without them).\n",
@@ -43,7 +51,7 @@ static void die_usage(const char *what)
 void dd_prof_parse_options(int argc, char **argv, struct options *o)
 {
     enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_UNWIND, OPT_STACK_BYTES,
-           OPT_HELP, OPT_NO_FOLLOW };
+           OPT_HELP, OPT_NO_FOLLOW, OPT_PEAK, OPT_EVERY, OPT_MAX_FILES, OPT_REPORT };
     static const struct option longs[] = {
         {"pid", required_argument, NULL, 'p'},       {"duration", required_argument, NULL, 'd'},
         {"output", required_argument, NULL, 'o'},    {"svg", required_argument, NULL, OPT_SVG},
@@ -56,6 +64,9 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         {"verbose", no_argument, NULL, 'v'},         {"help", no_argument, NULL, OPT_HELP},
         {"follow", no_argument, NULL, 'f'},
         {"no-follow", no_argument, NULL, OPT_NO_FOLLOW},
+        {"peak", required_argument, NULL, OPT_PEAK}, {"every", required_argument, NULL, OPT_EVERY},
+        {"max-files", required_argument, NULL, OPT_MAX_FILES},
+        {"report", required_argument, NULL, OPT_REPORT},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.out_path = "ddheap-prof.pb.gz", .provider = "ddheap",
                           .value = DD_PROF_INUSE_SPACE, .ringbuf_kb = 16384,
@@ -118,6 +129,24 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         case 'v': o->verbose = true; break;
         case 'f': follow = 1; break;
         case OPT_NO_FOLLOW: follow = 0; break;
+        case OPT_PEAK: o->peak_path = optarg; break;
+        case OPT_REPORT: o->report_path = optarg; break;
+        case OPT_EVERY:
+            errno = 0;
+            o->every = strtod(optarg, &end);
+            /* Under 10 ms a snapshot (symbolising every stack) would be
+             * the whole of ddheap-prof's work. */
+            if (errno || *end || end == optarg || !(o->every >= 0.01) || o->every > 1e6)
+                die_usage("--every needs a number of seconds, 0.01 or more");
+            break;
+        case OPT_MAX_FILES: {
+            errno = 0;
+            unsigned long v = strtoul(optarg, &end, 10);
+            if (errno || *end || end == optarg || v == 0 || v > 1000000)
+                die_usage("--max-files needs a count, 1 or more");
+            o->max_files = (unsigned)v;
+            break;
+        }
         case OPT_HELP: usage(stdout); exit(0);
         default: usage(stderr); exit(2);
         }

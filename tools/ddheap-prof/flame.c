@@ -324,6 +324,12 @@ static const char script[] =
 int dd_prof_write_svg(FILE *out, const struct dd_prof_report *r, enum dd_prof_value v,
                       const char *title)
 {
+    return dd_prof_write_svg_noted(out, r, v, title, NULL);
+}
+
+int dd_prof_write_svg_noted(FILE *out, const struct dd_prof_report *r, enum dd_prof_value v,
+                            const char *title, const char *note)
+{
     struct merged m;
     if (merge(&m, r, v) != 0)
         return -1;
@@ -355,6 +361,12 @@ int dd_prof_write_svg(FILE *out, const struct dd_prof_report *r, enum dd_prof_va
                 "<text id=\"search\" class=\"ctl\" x=\"%d\" y=\"24\">Search</text>\n"
                 "<text id=\"matched\" class=\"ctl\" x=\"%d\" y=\"%d\"></text>\n",
                 PAD_SIDE, WIDTH - PAD_SIDE - 50, WIDTH - PAD_SIDE - 160, height - 10);
+        if (note != NULL) {
+            fprintf(out, "<text id=\"note\" x=\"%d\" y=\"43\" text-anchor=\"middle\" "
+                         "style=\"font: 13px sans-serif\">", WIDTH / 2);
+            put_escaped(out, note, strlen(note));
+            fputs("</text>\n", out);
+        }
         if (root.value > 0)
             emit(out, &root, 0, 0, height, root.value, unit);
         fputs(script, out);

@@ -23,5 +23,8 @@ int dd_prof_write_folded(FILE *out, const struct dd_prof_report *r, enum dd_prof
  * at the top. Returns 0 or -1. */
 int dd_prof_write_svg(FILE *out, const struct dd_prof_report *r, enum dd_prof_value v,
                       const char *title);
+/* The same with a line under the title (why it is empty, what it shows). */
+int dd_prof_write_svg_noted(FILE *out, const struct dd_prof_report *r, enum dd_prof_value v,
+                            const char *title, const char *note);
 
 #endif

@@ -30,13 +30,16 @@
 
 #define RESCAN_MS 200
 #define DRAIN_MS 50
+#define SNAPSHOT_SLACK_NS 10000000LL
 
-static volatile sig_atomic_t stop_requested;
+static volatile sig_atomic_t stop_requested, snapshot_requested;
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    stop_requested = 1;
+    if (sig == SIGUSR1)
+        snapshot_requested = 1;
+    else
+        stop_requested = 1;
 }
 
 static int libbpf_quiet(enum libbpf_print_level level, const char *fmt, va_list ap)
@@ -111,8 +114,11 @@ static int on_event(void *ctx, void *data, size_t size)
     if (size < sizeof *h)
         return 0;
     struct dd_prof_sample sample = {.ptr = h->ptr, .ts_ns = h->ts_ns, .tgid = h->tgid};
+    /* Snapshots due before this event see the table without it. */
+    dd_prof_snapshots_before(p, h->ts_ns);
     if (h->type == DD_PROF_EV_FREE) {
-        dd_prof_table_free_block(&p->table, &sample);
+        if (dd_prof_table_free_block(&p->table, &sample))
+            p->oom = true;
     } else if (h->type == DD_PROF_EV_ALLOC &&
                size >= offsetof(struct dd_prof_alloc_event, data)) {
         const struct dd_prof_alloc_event *a = data;
@@ -129,6 +135,12 @@ static int on_event(void *ctx, void *data, size_t size)
             p->oom = true;
     }
     return 0;
+}
+
+void dd_prof_catch_snapshot_signal(void)
+{
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGUSR1, &sa, NULL);
 }
 
 int64_t dd_prof_now_ns(clockid_t clock)
@@ -265,6 +277,8 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
     struct sigaction sa = {.sa_handler = on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* The run's clock starts now, for the table's checkpoints. */
+    dd_prof_table_advance(&p->table, (uint64_t)p->started_mono);
     int64_t deadline =
         p->opt.duration > 0 ? p->started_mono + (int64_t)(p->opt.duration * 1e9) : 0;
     int64_t next_scan = dd_prof_now_ns(CLOCK_MONOTONIC) + RESCAN_MS * 1000000LL;
@@ -297,6 +311,18 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
         if (deadline && now >= deadline) {
             p->interrupted = true;
             break;
+        }
+        /* A snapshot no event came after: once the buffer is drained,
+         * every event stamped before it has been applied (an event still
+         * being written on another CPU lands in the next one). */
+        if (snapshot_requested || dd_prof_snapshot_due(p, now - SNAPSHOT_SLACK_NS)) {
+            ring_buffer__consume(p->rb);
+            if (dd_prof_snapshot_due(p, now - SNAPSHOT_SLACK_NS))
+                dd_prof_snapshots_before(p, (uint64_t)(now - SNAPSHOT_SLACK_NS));
+            if (snapshot_requested) {
+                snapshot_requested = 0;
+                dd_prof_snapshot_now(p, dd_prof_now_ns(CLOCK_MONOTONIC));
+            }
         }
         if (!*exited && now >= next_scan) {
             dd_prof_rescan_all(p);

@@ -62,6 +62,7 @@ static void free_run(struct prof *p)
     free(p->links);
     free(p->attached);
     free(p->loader_hooked);
+    dd_prof_snapshots_free(p);
 }
 
 /* Names the processes that ran, for a run that never found a probe. */
@@ -86,6 +87,8 @@ int main(int argc, char **argv)
 {
     static struct prof p;
     dd_prof_parse_options(argc, argv, &p.opt);
+    dd_prof_snapshots_setup(&p);
+    dd_prof_catch_snapshot_signal();
     dd_prof_objects_set_provider(p.opt.provider);
     dd_prof_table_init(&p.table);
     if (geteuid() != 0) {

@@ -1,8 +1,10 @@
 /*
  * The outputs of a run: the gzipped pprof profile (pprof.c), folded stacks
- * and the flame graph (flame.c), all from one symbolised report
+ * and the flame graph (flame.c), the peak profile and the numbered
+ * snapshots (timeline.c), the lifetime report (leaks.c), each from a
+ * report of the table symbolised with every process's own objects
  * (report.c), with what the run lost or could not match said on stderr
- * and in the profile's comments.
+ * and in the profiles' comments.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,65 +28,110 @@
 #include "prof.h"
 #include "report.h"
 
-/* The outputs being written: each a temporary file beside its final
- * path, renamed at the end. Whatever ends the run before (an error, exit)
- * removes the temporary files: no empty or half-written output is ever
- * left under an output's name. */
-enum { MAX_OUTPUTS = 3 };
+/* Every file is written as a temporary file beside its final path
+ * (DIR/.NAME.XXXXXX: the same directory and file system, so the rename is
+ * atomic and its permission is proved when it is created) and renamed
+ * once complete. Whatever ends the run before (an error, exit) removes the
+ * temporary files: no empty or half-written file is ever left under an
+ * output's name, and a reader never sees half a snapshot.
+ *
+ * Pending at once: the outputs of the end (-o, --svg, --folded, --peak,
+ * --report), created before anything is attached and renamed together at
+ * the end; and while a snapshot is written, its profile and flame graph,
+ * each renamed as soon as it is complete. */
+enum { MAX_OUTPUTS = 7 };
 static struct pending {
     char *tmp;
     const char *path;
 } pending[MAX_OUTPUTS];
 
+static void discard(struct pending *o)
+{
+    if (o->tmp) {
+        unlink(o->tmp);
+        free(o->tmp);
+        o->tmp = NULL;
+    }
+}
+
 void dd_prof_discard_outputs(void)
 {
     for (int i = 0; i < MAX_OUTPUTS; i++)
-        if (pending[i].tmp) {
-            unlink(pending[i].tmp);
-            free(pending[i].tmp);
-            pending[i].tmp = NULL;
-        }
+        discard(&pending[i]);
 }
 
-static FILE *open_output(const char *path)
+/* Creates the temporary file of path, recorded as pending, open in *f.
+ * NULL (the reason said) if it cannot be. */
+static struct pending *create_pending(const char *path, FILE **f)
 {
-    if (path == NULL)
-        return NULL;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", path, strerror(EISDIR));
-        exit(1);
+        return NULL;
     }
-    /* DIR/.NAME.XXXXXX: in the same directory (and file system) as the
-     * output, so the rename is atomic and its permission is proved now. */
+    struct pending *o = NULL;
+    for (int i = 0; i < MAX_OUTPUTS && o == NULL; i++)
+        if (pending[i].tmp == NULL)
+            o = &pending[i];
     const char *slash = strrchr(path, '/');
     int dir_len = slash ? (int)(slash - path + 1) : 0;
     char *tmp = NULL;
-    if (asprintf(&tmp, "%.*s.%s.XXXXXX", dir_len, path, slash ? slash + 1 : path) < 0) {
-        fprintf(stderr, "ddheap-prof: out of memory\n");
-        exit(1);
+    if (o == NULL || asprintf(&tmp, "%.*s.%s.XXXXXX", dir_len, path, slash ? slash + 1 : path) < 0) {
+        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", path,
+                o ? "out of memory" : "too many files at once");
+        return NULL;
     }
     int fd = mkostemp(tmp, O_CLOEXEC);
-    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (f == NULL) {
+    *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (*f == NULL) {
         fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", path, strerror(errno));
         if (fd >= 0) {
             close(fd);
             unlink(tmp);
         }
         free(tmp);
-        exit(1);
+        return NULL;
     }
     /* mkstemp's 0600 would make a profile only root can read. */
     mode_t mask = umask(0);
     umask(mask);
     fchmod(fd, 0666 & ~mask);
-    for (int i = 0; i < MAX_OUTPUTS; i++)
-        if (pending[i].tmp == NULL) {
-            pending[i] = (struct pending){tmp, path};
-            break;
-        }
+    *o = (struct pending){tmp, path};
+    return o;
+}
+
+/* Gives a written file its name; removes it if it cannot. */
+static int publish(struct pending *o)
+{
+    int rc = 0;
+    if (rename(o->tmp, o->path) != 0) {
+        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", o->path, strerror(errno));
+        rc = -1;
+    }
+    discard(o); /* a no-op once renamed: the temporary name is gone */
+    return rc;
+}
+
+/* An output of the end: created now, or ddheap-prof exits 1. */
+static FILE *open_output(const char *path)
+{
+    FILE *f = NULL;
+    if (path != NULL && create_pending(path, &f) == NULL)
+        exit(1);
     return f;
+}
+
+/* A name pattern's files (snapshots) are created later: that its
+ * directory takes one is proved now, with a temporary file removed at
+ * once. Exits 1 if it does not. */
+static void check_pattern(const char *pattern)
+{
+    FILE *f;
+    struct pending *o = create_pending(pattern, &f);
+    if (o == NULL)
+        exit(1);
+    fclose(f);
+    discard(o);
 }
 
 /* Every output is created before anything is attached: a path that cannot
@@ -92,27 +139,39 @@ static FILE *open_output(const char *path)
 void dd_prof_open_outputs(const struct options *o, struct outputs *f)
 {
     atexit(dd_prof_discard_outputs);
-    f->out = open_output(o->out_path);
-    f->svg = open_output(o->svg_path);
-    f->folded = open_output(o->folded_path);
+    /* -o as a snapshot pattern: the final profile is the last snapshot;
+     * --svg as one: a flame graph per snapshot, the last one at the end. */
+    bool out_pattern = strchr(o->out_path, '%') != NULL;
+    bool svg_pattern = o->svg_path != NULL && strchr(o->svg_path, '%') != NULL;
+    if (out_pattern)
+        check_pattern(o->out_path);
+    if (svg_pattern)
+        check_pattern(o->svg_path);
+    *f = (struct outputs){.out = out_pattern ? NULL : open_output(o->out_path),
+                          .svg = svg_pattern ? NULL : open_output(o->svg_path),
+                          .folded = open_output(o->folded_path),
+                          .peak = open_output(o->peak_path),
+                          .report = open_output(o->report_path)};
 }
 
-/* Gives every written output its name. */
+/* Gives every output of the end its name. */
 static int publish_outputs(void)
 {
     int rc = 0;
     for (int i = 0; i < MAX_OUTPUTS; i++)
-        if (pending[i].tmp && rename(pending[i].tmp, pending[i].path) != 0) {
-            fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", pending[i].path,
-                    strerror(errno));
+        if (pending[i].tmp && publish(&pending[i]) != 0)
             rc = -1;
-        }
-    for (int i = 0; i < MAX_OUTPUTS && rc == 0; i++) {
-        free(pending[i].tmp);
-        pending[i].tmp = NULL;
-    }
     return rc;
 }
+
+/* A table symbolised: each stack with the objects of its own process
+ * (report.c), and every process's objects one after another, the
+ * profile's mappings. */
+struct symbolised {
+    struct dd_prof_report r;
+    struct dd_prof_objects all;
+    struct dd_prof_process_objects *views;
+};
 
 /* Every process's objects, one after another: the profile's mappings. */
 static int gather_objects(struct prof *p, struct dd_prof_objects *all,
@@ -135,19 +194,65 @@ static int gather_objects(struct prof *p, struct dd_prof_objects *all,
     return 0;
 }
 
-static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
+static int symbolise(struct prof *p, const struct dd_prof_table *t, struct symbolised *s)
 {
-    uint64_t interval = p->interval;
+    s->views = NULL;
+    if (gather_objects(p, &s->all, &s->views) != 0 ||
+        dd_prof_report_build(&s->r, t, s->views, p->proc_ids.n) != 0) {
+        fprintf(stderr, "ddheap-prof: out of memory symbolising\n");
+        free(s->all.v);
+        free(s->views);
+        return -1;
+    }
+    return 0;
+}
+
+static void symbolised_free(struct symbolised *s)
+{
+    dd_prof_report_free(&s->r);
+    free(s->all.v);
+    free(s->views);
+}
+
+const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_table *t,
+                                 enum dd_prof_value v, char *buf, size_t len)
+{
+    double total = 0;
+    for (size_t i = 0; i < t->nstacks; i++) {
+        const struct dd_prof_stack *s = &t->stacks[i];
+        double x = v == DD_PROF_ALLOC_OBJECTS ? s->alloc_objects
+                   : v == DD_PROF_ALLOC_SPACE ? s->alloc_space
+                   : v == DD_PROF_INUSE_OBJECTS ? s->inuse_objects : s->inuse_space;
+        total += x > 0 ? x : 0;
+    }
+    if (total >= 0.5)
+        return NULL;
+    if (p->table.allocs == 0)
+        snprintf(buf, len,
+                 "nothing to show: no sampled allocation was seen (the program allocated less "
+                 "than about the sampling interval, %" PRIu64 " bytes, through ddheap)",
+                 p->interval);
+    else
+        snprintf(buf, len,
+                 "nothing to show: every sampled block (%" PRIu64 ") was freed by then; the "
+                 "heap peaked at %.1f MiB (--peak FILE writes that profile)",
+                 p->table.allocs, p->table.peak_space / 1048576.0);
+    return buf;
+}
+
+/* One profile of table t (the run's, or a view of it) with the run's
+ * comments, then note, then why it is empty if it is; from built, t's
+ * symbolised report, if not NULL. */
+static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
+                          struct symbolised *built, FILE *out, const char *path,
+                          int64_t at_mono_ns, const char *note)
+{
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
-    char c_lost[256], c_what[256], c_counts[256];
+    char c_lost[256], c_what[256], c_counts[256], c_empty[300];
     snprintf(c_what, sizeof c_what,
              "ddheap-prof: pid %d, processes %zu (label pid), provider %s, interval %" PRIu64,
-             (int)p->pid, p->proc_ids.n, p->opt.provider, interval);
-    uint64_t lost_proc = p->skel->bss->lost_proc;
-    if (lost_proc)
-        fprintf(stderr, "ddheap-prof: LOST %" PRIu64 " process events (forks, execs): some "
-                        "processes may be missing or unsymbolised\n", lost_proc);
+             (int)p->pid, p->proc_ids.n, p->opt.provider, p->interval);
     snprintf(c_lost, sizeof c_lost,
              "ddheap-prof: lost events: %" PRIu64 " (alloc %" PRIu64 ", free %" PRIu64
              "; ring buffer %lu KiB)",
@@ -156,55 +261,230 @@ static int write_all(struct prof *p, FILE *out, FILE *svg, FILE *folded)
              "ddheap-prof: alloc events %" PRIu64 ", free events %" PRIu64
              " (%" PRIu64 " of blocks not seen allocated), live sampled blocks %zu",
              p->table.allocs, p->table.frees, p->table.unmatched_frees, p->table.nlive);
-    fprintf(stderr, "%s\n", c_counts);
+    const char *comments[5] = {c_what, c_counts, c_lost};
+    size_t ncomments = 3;
+    if (note)
+        comments[ncomments++] = note;
+    const char *empty = dd_prof_empty_reason(p, t, DD_PROF_INUSE_SPACE, c_empty, sizeof c_empty);
+    if (empty)
+        comments[ncomments++] = empty;
+
+    struct symbolised own, *s = built ? built : &own;
+    if (built == NULL && symbolise(p, t, &own) != 0)
+        return -1;
+    struct dd_prof_meta meta = {p->started_realtime, at_mono_ns - p->started_mono,
+                                (int64_t)p->interval, comments, ncomments};
+    int rc = dd_prof_write_pprof(out, path, &s->r, &s->all, &meta);
+    if (built == NULL)
+        symbolised_free(&own);
+    return rc;
+}
+
+int dd_prof_write_profile(struct prof *p, const struct dd_prof_table *t, FILE *out,
+                          const char *path, int64_t at_mono_ns, const char *note)
+{
+    return write_pprof_of(p, t, NULL, out, path, at_mono_ns, note);
+}
+
+/* One file of a snapshot, from the run's table symbolised once. */
+struct file_job {
+    struct prof *p;
+    struct symbolised *s;
+    const char *path, *note, *title;
+    int64_t at_mono_ns;
+};
+
+/* Writes path through its temporary file and renames it into place. */
+static int write_through_temp(const char *path, int (*write)(FILE *, void *), void *ctx)
+{
+    FILE *f;
+    struct pending *o = create_pending(path, &f);
+    if (o == NULL)
+        return -1;
+    int rc = write(f, ctx);
+    if (fclose(f) != 0)
+        rc = -1;
+    if (rc != 0) {
+        fprintf(stderr, "ddheap-prof: writing %s failed\n", path);
+        discard(o);
+        return -1;
+    }
+    return publish(o);
+}
+
+static int write_profile_job(FILE *f, void *ctx)
+{
+    const struct file_job *j = ctx;
+    return write_pprof_of(j->p, &j->p->table, j->s, f, j->path, j->at_mono_ns, j->note);
+}
+
+static int write_svg_job(FILE *f, void *ctx)
+{
+    const struct file_job *j = ctx;
+    char why[300];
+    const char *empty = dd_prof_empty_reason(j->p, &j->p->table, j->p->opt.value, why, sizeof why);
+    return dd_prof_write_svg_noted(f, &j->s->r, j->p->opt.value, j->title, empty);
+}
+
+int dd_prof_write_snapshot_files(struct prof *p, const char *pb_path, const char *svg_path,
+                                 int64_t at_mono_ns, const char *note, const char *title)
+{
+    struct symbolised s;
+    if (symbolise(p, &p->table, &s) != 0)
+        return -1;
+    /* The flame graph first: the profile's writer adds its own strings
+     * to the report's table. */
+    struct file_job svg = {p, &s, svg_path, NULL, title, 0};
+    struct file_job pb = {p, &s, pb_path, note, NULL, at_mono_ns};
+    int rc = 0;
+    if (svg_path != NULL)
+        rc = write_through_temp(svg_path, write_svg_job, &svg);
+    if (rc == 0)
+        rc = write_through_temp(pb_path, write_profile_job, &pb);
+    symbolised_free(&s);
+    return rc;
+}
+
+/* For a started command that freed everything it had sampled, the SVG and
+ * folded stacks show the peak (the end would be empty). */
+static bool show_peak(const struct prof *p)
+{
+    return p->child && p->table.nlive == 0 && p->table.peak_space > 0 &&
+           (p->opt.value == DD_PROF_INUSE_SPACE || p->opt.value == DD_PROF_INUSE_OBJECTS);
+}
+
+static int write_views(struct prof *p, FILE *svg, FILE *folded)
+{
+    struct dd_prof_table peak;
+    const struct dd_prof_table *t = &p->table;
+    bool at_peak = show_peak(p);
+    if (at_peak) {
+        if (dd_prof_table_peak_view(&p->table, &peak) != 0)
+            return -1;
+        t = &peak;
+    }
+    char title[128], why[300];
+    const char *empty = dd_prof_empty_reason(p, t, p->opt.value, why, sizeof why);
+    char note[200] = "";
+    if (at_peak) {
+        snprintf(title, sizeof title, "ddheap-prof: %s at the peak, pid %d",
+                 dd_prof_value_names[p->opt.value], (int)p->pid);
+        snprintf(note, sizeof note,
+                 "%.1f MiB estimated live, %.2f s into the run; the program freed everything "
+                 "by its end",
+                 p->table.peak_space / 1048576.0,
+                 (double)((int64_t)p->table.peak_ts_ns - p->started_mono) / 1e9);
+    } else {
+        snprintf(title, sizeof title, "ddheap-prof: %s, pid %d", dd_prof_value_names[p->opt.value],
+                 (int)p->pid);
+        if (empty)
+            snprintf(note, sizeof note, "%s", empty);
+    }
+    /* An empty inuse_space view was said with the profile's (write_all). */
+    bool said = p->opt.value == DD_PROF_INUSE_SPACE && strchr(p->opt.out_path, '%') == NULL;
+    if (empty && (svg || folded) && !said)
+        fprintf(stderr, "ddheap-prof: the %s view is empty: %s\n",
+                dd_prof_value_names[p->opt.value], empty);
+    else if (at_peak && (svg || folded))
+        fprintf(stderr, "ddheap-prof: every sampled block was freed by the end: the flame "
+                        "graph shows the heap at its peak\n");
+
+    int rc = 0;
+    struct symbolised s;
+    if (symbolise(p, t, &s) != 0) {
+        rc = -1;
+    } else {
+        /* Folded stacks have no room for a title: an empty view is an
+         * empty file, with the reason on stderr. */
+        if (folded && dd_prof_write_folded(folded, &s.r, p->opt.value) != 0) {
+            fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.folded_path);
+            rc = -1;
+        }
+        if (svg &&
+            dd_prof_write_svg_noted(svg, &s.r, p->opt.value, title, note[0] ? note : NULL) != 0) {
+            fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.svg_path);
+            rc = -1;
+        }
+        symbolised_free(&s);
+    }
+    if (at_peak)
+        free(peak.stacks);
+    return rc;
+}
+
+static int write_report(struct prof *p, FILE *f)
+{
+    struct symbolised s;
+    int rc = -1;
+    if (symbolise(p, &p->table, &s) == 0) {
+        rc = dd_prof_write_lifetime_report(f, p, &s.r);
+        symbolised_free(&s);
+    }
+    if (rc != 0 || fflush(f) != 0) {
+        fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.report_path);
+        return -1;
+    }
+    fprintf(stderr, "ddheap-prof: wrote %s\n", p->opt.report_path);
+    return 0;
+}
+
+static int write_all(struct prof *p, const struct outputs *f)
+{
+    uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
+    uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
+    uint64_t lost_proc = p->skel->bss->lost_proc;
+    /* The table's clock stays at its last event: the leak rule's quarters
+     * are of the time events came in, not of an idle tail or of the time
+     * it took to notice the end. */
+    int64_t end = dd_prof_now_ns(CLOCK_MONOTONIC);
+    if (lost_proc)
+        fprintf(stderr, "ddheap-prof: LOST %" PRIu64 " process events (forks, execs): some "
+                        "processes may be missing or unsymbolised\n", lost_proc);
+    fprintf(stderr,
+            "ddheap-prof: alloc events %" PRIu64 ", free events %" PRIu64 " (%" PRIu64
+            " of blocks not seen allocated), live sampled blocks %zu\n",
+            p->table.allocs, p->table.frees, p->table.unmatched_frees, p->table.nlive);
     if (lost_alloc + lost_free)
         fprintf(stderr, "ddheap-prof: LOST %" PRIu64 " events (alloc %" PRIu64 ", free %" PRIu64
                         "): the ring buffer was full; raise --ringbuf-kb (now %lu)\n",
                 lost_alloc + lost_free, lost_alloc, lost_free, p->opt.ringbuf_kb);
-    const char *comments[] = {c_what, c_counts, c_lost};
+    char why[300];
+    const char *empty = dd_prof_empty_reason(p, &p->table, DD_PROF_INUSE_SPACE, why, sizeof why);
+    if (empty && f->out)
+        fprintf(stderr, "ddheap-prof: the profile's inuse_space%s is empty: %s\n",
+                f->svg && p->opt.value == DD_PROF_INUSE_SPACE && !show_peak(p)
+                    ? " (and the flame graph)" : "",
+                empty);
 
-    struct dd_prof_report r;
-    struct dd_prof_objects all;
-    struct dd_prof_process_objects *views = NULL;
-    if (gather_objects(p, &all, &views) != 0 ||
-        dd_prof_report_build(&r, &p->table, views, p->proc_ids.n) != 0) {
-        fprintf(stderr, "ddheap-prof: out of memory symbolising\n");
-        free(all.v);
-        free(views);
-        return -1;
-    }
-    int rc = 0;
-    if (folded && dd_prof_write_folded(folded, &r, p->opt.value) != 0) {
-        fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.folded_path);
+    int rc = write_views(p, f->svg, f->folded);
+    if (f->peak && dd_prof_write_peak(p, f->peak) != 0)
         rc = -1;
-    }
-    if (svg) {
-        char title[128];
-        snprintf(title, sizeof title, "ddheap-prof: %s, pid %d", dd_prof_value_names[p->opt.value],
-                 (int)p->pid);
-        if (dd_prof_write_svg(svg, &r, p->opt.value, title) != 0) {
-            fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.svg_path);
+    if (f->report && write_report(p, f->report) != 0)
+        rc = -1;
+    if (p->snaps.period_ns || f->out == NULL || p->snaps.svg_pattern != NULL) {
+        /* The series ends with the state at the end of the run; with -o a
+         * pattern, that is the final profile. */
+        dd_prof_snapshot_now(p, end);
+        if (p->snaps.failed)
             rc = -1;
-        }
     }
-    struct dd_prof_meta meta = {p->started_realtime, dd_prof_now_ns(CLOCK_MONOTONIC) - p->started_mono,
-                                (int64_t)interval, comments, 3};
-    if (dd_prof_write_pprof(out, p->opt.out_path, &r, &all, &meta) != 0)
-        rc = -1;
-    dd_prof_report_free(&r);
-    free(all.v);
-    free(views);
-    if (rc == 0)
-        fprintf(stderr, "ddheap-prof: wrote %s (%zu stacks)\n", p->opt.out_path, p->table.nstacks);
+    if (f->out) {
+        if (write_pprof_of(p, &p->table, NULL, f->out, p->opt.out_path, end, NULL) == 0)
+            fprintf(stderr, "ddheap-prof: wrote %s (%zu stacks)\n", p->opt.out_path,
+                    p->table.nstacks);
+        else
+            rc = -1;
+    }
     return rc;
 }
 
 int dd_prof_write_outputs(struct prof *p, struct outputs *f)
 {
-    int rc = write_all(p, f->out, f->svg, f->folded);
-    if ((f->svg && fclose(f->svg) != 0) || (f->folded && fclose(f->folded) != 0) ||
-        fclose(f->out) != 0)
-        rc = -1;
+    int rc = write_all(p, f);
+    FILE *files[] = {f->out, f->svg, f->folded, f->peak, f->report};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+        if (files[i] && fclose(files[i]) != 0)
+            rc = -1;
     if (rc == 0)
         rc = publish_outputs();
     if (rc != 0)

@@ -3,6 +3,17 @@
  * into one buffer, gzipped with zlib. Sample values follow Go's heap
  * profiles: alloc_objects, alloc_space, inuse_objects, inuse_space; the
  * object counts are estimates (sum of weight / size) rounded to integers.
+ *
+ * Lifetimes: a stack's allocations are split by what became of them. The
+ * blocks freed with a lifetime in [2^k, 2^(k+1)) ns are one sample with
+ * the numeric label lifetime = 2^k nanoseconds and only alloc_* values;
+ * the rest (still live, or their free not seen) is the sample without a
+ * lifetime, with the inuse_* values. The totals per stack are unchanged,
+ * and `go tool pprof -sample_index=alloc_space -tags` shows how long the
+ * allocated bytes lived.
+ *
+ * Every sample also carries the numeric label pid, its process (stacks
+ * are per process, table.h): `-tagfocus=pid=N` keeps one.
  */
 #include "pprof.h"
 
@@ -15,6 +26,35 @@
 #include <zlib.h>
 
 enum { NVALUES = 4 };
+
+/* The string-table indices of the labels' keys and unit. */
+struct label_keys {
+    int64_t pid, lifetime, nanoseconds;
+};
+
+/* Labels sample x, the i-th, with its process and, if lifetime_ns >= 0,
+ * the lifetime bucket of the freed blocks it holds; labels and labelp
+ * have two places per sample. */
+static void label_sample(DdheapPprof__Sample *x, size_t i, DdheapPprof__Label *labels,
+                         DdheapPprof__Label **labelp, const struct label_keys *keys,
+                         uint32_t tgid, int64_t lifetime_ns)
+{
+    DdheapPprof__Label *l = &labels[2 * i];
+    ddheap_pprof__label__init(&l[0]);
+    l[0].key = keys->pid;
+    l[0].num = tgid;
+    labelp[2 * i] = &l[0];
+    x->n_label = 1;
+    if (lifetime_ns >= 0) {
+        ddheap_pprof__label__init(&l[1]);
+        l[1].key = keys->lifetime;
+        l[1].num = lifetime_ns;
+        l[1].num_unit = keys->nanoseconds;
+        labelp[2 * i + 1] = &l[1];
+        x->n_label = 2;
+    }
+    x->label = &labelp[2 * i];
+}
 
 static int64_t rounded(double v)
 {
@@ -87,9 +127,20 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     prof.duration_nanos = meta->duration_nanos;
 
     size_t ns = r->nstacks, nl = r->addrs.n, nf = r->func_keys.n, nm = objs->n;
-    DdheapPprof__Sample *samples = calloc(ns + 1, sizeof *samples);
-    DdheapPprof__Sample **samplep = calloc(ns + 1, sizeof *samplep);
-    int64_t *values = calloc((ns + 1) * NVALUES, sizeof *values);
+    size_t nsamples = ns;
+    for (size_t i = 0; i < ns; i++)
+        if (r->stacks[i].stack->life != NULL)
+            for (unsigned k = 0; k < DD_PROF_LIFE_BUCKETS; k++)
+                nsamples += r->stacks[i].stack->life->count[k] != 0;
+    DdheapPprof__Sample *samples = calloc(nsamples + 1, sizeof *samples);
+    DdheapPprof__Sample **samplep = calloc(nsamples + 1, sizeof *samplep);
+    int64_t *values = calloc((nsamples + 1) * NVALUES, sizeof *values);
+    /* Two labels at most per sample (label_sample). */
+    DdheapPprof__Label *labels = calloc(2 * (nsamples + 1), sizeof *labels);
+    DdheapPprof__Label **labelp = calloc(2 * (nsamples + 1), sizeof *labelp);
+    const struct label_keys keys = {str(strings, "pid", &failed),
+                                    str(strings, "lifetime", &failed),
+                                    str(strings, "nanoseconds", &failed)};
     uint64_t **loc_ids = calloc(ns + 1, sizeof *loc_ids);
     DdheapPprof__Location *locs = calloc(nl + 1, sizeof *locs);
     DdheapPprof__Location **locp = calloc(nl + 1, sizeof *locp);
@@ -100,14 +151,10 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     DdheapPprof__Mapping *maps = calloc(nm + 1, sizeof *maps);
     DdheapPprof__Mapping **mapp = calloc(nm + 1, sizeof *mapp);
     int64_t *comments = calloc(meta->ncomments + 1, sizeof *comments);
-    DdheapPprof__Label *labels = calloc(ns + 1, sizeof *labels);
-    DdheapPprof__Label **labelp = calloc(ns + 1, sizeof *labelp);
     uint8_t *packed = NULL;
-    if (!samples || !samplep || !values || !loc_ids || !locs || !locp || !lines || !linep ||
-        !funcs || !funcp || !maps || !mapp || !comments || !labels || !labelp)
+    if (!samples || !samplep || !values || !labels || !labelp || !loc_ids || !locs || !locp ||
+        !lines || !linep || !funcs || !funcp || !maps || !mapp || !comments)
         goto done;
-    /* Every sample says its process: `-tagfocus=pid=N` keeps one. */
-    int64_t pid_key = str(strings, "pid", &failed);
 
     /* Mappings: every recorded object, the executable part of it, id =
      * index + 1 (pprof ids start at 1; 0 means none). */
@@ -166,28 +213,43 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     size_t n_samples = 0;
     for (size_t i = 0; i < ns; i++) {
         const struct dd_prof_resolved *s = &r->stacks[i];
-        DdheapPprof__Sample *x = &samples[n_samples];
-        ddheap_pprof__sample__init(x);
         loc_ids[i] = malloc((s->n ? s->n : 1) * sizeof *loc_ids[i]);
         if (loc_ids[i] == NULL)
             goto done;
         for (uint32_t k = 0; k < s->n; k++)
             loc_ids[i][k] = s->locs[k] + 1;
+        const struct dd_prof_lifetimes *life = s->stack->life;
+        double freed_objects = 0, freed_space = 0;
+        for (unsigned k = 0; life != NULL && k < DD_PROF_LIFE_BUCKETS; k++) {
+            if (life->count[k] == 0)
+                continue;
+            DdheapPprof__Sample *y = &samples[n_samples];
+            ddheap_pprof__sample__init(y);
+            y->n_location_id = s->n;
+            y->location_id = loc_ids[i];
+            int64_t *v = &values[n_samples * NVALUES];
+            v[0] = rounded(life->objects[k]);
+            v[1] = rounded(life->space[k]);
+            y->n_value = NVALUES;
+            y->value = v;
+            label_sample(y, n_samples, labels, labelp, &keys, s->stack->tgid,
+                         (int64_t)dd_prof_life_bucket_start(k));
+            samplep[n_samples++] = y;
+            freed_objects += life->objects[k];
+            freed_space += life->space[k];
+        }
+        DdheapPprof__Sample *x = &samples[n_samples];
+        ddheap_pprof__sample__init(x);
         x->n_location_id = s->n;
         x->location_id = loc_ids[i];
         int64_t *v = &values[n_samples * NVALUES];
-        v[0] = rounded(s->stack->alloc_objects);
-        v[1] = rounded(s->stack->alloc_space);
+        v[0] = rounded(s->stack->alloc_objects - freed_objects);
+        v[1] = rounded(s->stack->alloc_space - freed_space);
         v[2] = rounded(s->stack->inuse_objects);
         v[3] = rounded(s->stack->inuse_space);
         x->n_value = NVALUES;
         x->value = v;
-        ddheap_pprof__label__init(&labels[n_samples]);
-        labels[n_samples].key = pid_key;
-        labels[n_samples].num = s->stack->tgid;
-        labelp[n_samples] = &labels[n_samples];
-        x->n_label = 1;
-        x->label = &labelp[n_samples];
+        label_sample(x, n_samples, labels, labelp, &keys, s->stack->tgid, -1);
         samplep[n_samples++] = x;
     }
     prof.n_sample = n_samples;
@@ -224,6 +286,8 @@ done:
     free(samples);
     free(samplep);
     free(values);
+    free(labels);
+    free(labelp);
     free(locs);
     free(locp);
     free(lines);
@@ -233,8 +297,6 @@ done:
     free(maps);
     free(mapp);
     free(comments);
-    free(labels);
-    free(labelp);
     free(packed);
     return result;
 }

@@ -6,7 +6,9 @@
  *   process.c  starting the command, following it, letting it go
  *   attach.c   finding the objects with probes and attaching to them
  *   loop.c     the BPF side and the event loop that feeds the table
- *   output.c   the profile, folded stacks and flame graph at the end
+ *   output.c   writing the files: the profile, folded stacks, flame graph
+ *   timeline.c the heap over time: the peak, snapshots (--every, SIGUSR1)
+ *   leaks.c    the lifetime and leak report (--report)
  *
  * The BPF programs are ddheap_prof.bpf.c; the events they send are
  * ddheap_prof.h; the profile's data structures are table.h (live blocks,
@@ -41,6 +43,19 @@ struct options {
     /* Follow the processes the target forks (-f; on by default with
      * -- CMD, off with -p; --no-follow). */
     bool follow;
+    const char *peak_path, *report_path;
+    double every;        /* seconds between snapshots; 0: none */
+    unsigned max_files;  /* snapshots kept on disk; 0: all */
+};
+
+/* The numbered snapshots of a run (timeline.c). */
+struct snapshots {
+    char *pattern;          /* printf pattern with one integer conversion */
+    uint64_t period_ns;     /* 0: only on SIGUSR1 */
+    uint64_t next_ns;       /* CLOCK_MONOTONIC instant of the next one */
+    unsigned seq;           /* the last number written */
+    const char *svg_pattern; /* --svg with one %d: a flame graph each */
+    bool failed;
 };
 
 struct file_id {
@@ -88,13 +103,15 @@ struct prof {
     bool oom;
     bool interrupted; /* the run was ended by Ctrl-C, SIGTERM or -d */
     int64_t started_realtime, started_mono; /* ns, when profiling began */
+    struct snapshots snaps;
 };
 
-/* The outputs, opened before anything is attached. */
+/* The outputs of the end, created before anything is attached (each a
+ * temporary file until it is complete); out and svg are NULL when -o or
+ * --svg is a snapshot pattern, the others when not asked for. */
 struct outputs {
-    FILE *out, *svg, *folded;
+    FILE *out, *svg, *folded, *peak, *report;
 };
-
 
 /* cli.c: fills o from argv; exits 2 with the usage on bad input. */
 void dd_prof_parse_options(int argc, char **argv, struct options *o);
@@ -153,6 +170,9 @@ int dd_prof_follow(struct prof *p, pid_t tgid, uint32_t flags);
  * *status tell whether (and how) a started command ended. */
 bool dd_prof_run_loop(struct prof *p, bool *exited, int *status);
 void dd_prof_teardown_bpf(struct prof *p);
+/* From the start: SIGUSR1 asks the loop for a snapshot (it must not end
+ * ddheap-prof, the default action, if it comes early). */
+void dd_prof_catch_snapshot_signal(void);
 int64_t dd_prof_now_ns(clockid_t clock);
 
 /* output.c */
@@ -164,5 +184,39 @@ void dd_prof_open_outputs(const struct options *o, struct outputs *f);
 int dd_prof_write_outputs(struct prof *p, struct outputs *f);
 /* Removes the temporary files of outputs not written. */
 void dd_prof_discard_outputs(void);
+/* One complete profile of table t (the run's, or a view of it) to out,
+ * the temporary file of path. note (may be NULL) is one more comment.
+ * Returns 0 or -1. */
+int dd_prof_write_profile(struct prof *p, const struct dd_prof_table *t, FILE *out,
+                          const char *path, int64_t at_mono_ns, const char *note);
+/* A snapshot of the run's table: the profile to pb_path and, if svg_path
+ * is not NULL, its flame graph (--value), from one symbolised report,
+ * each written through a temporary file renamed into place once complete
+ * (a reader never sees half a file). Returns 0 or -1. */
+int dd_prof_write_snapshot_files(struct prof *p, const char *pb_path, const char *svg_path,
+                                 int64_t at_mono_ns, const char *note, const char *title);
+/* Why a view with nothing in it is empty, in one sentence (into buf);
+ * NULL if it is not empty. */
+const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_table *t,
+                                 enum dd_prof_value v, char *buf, size_t len);
+
+/* timeline.c */
+/* Checks the snapshot options against -o; exits 2 on a bad pattern. */
+void dd_prof_snapshots_setup(struct prof *p);
+/* Called before each event is applied: writes every snapshot due before
+ * ts_ns, so a snapshot is the state between two events. */
+void dd_prof_snapshots_before(struct prof *p, uint64_t ts_ns);
+/* Writes one snapshot of the state now (SIGUSR1, the end of a run). */
+void dd_prof_snapshot_now(struct prof *p, int64_t now_mono_ns);
+/* True if the next scheduled snapshot is due at now. */
+bool dd_prof_snapshot_due(const struct prof *p, int64_t now_mono_ns);
+void dd_prof_snapshots_free(struct prof *p);
+/* The peak profile (--peak) to out. Returns 0 or -1. */
+int dd_prof_write_peak(struct prof *p, FILE *out);
+
+/* leaks.c: the text report (--report) from the symbolised report r of the
+ * run's table. Returns 0 or -1. */
+struct dd_prof_report;
+int dd_prof_write_lifetime_report(FILE *out, const struct prof *p, const struct dd_prof_report *r);
 
 #endif

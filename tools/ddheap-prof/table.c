@@ -3,9 +3,17 @@
  * hash tables with linear probing. The live table deletes by shifting the
  * following entries back, so it never fills with tombstones however long
  * a process runs and however many blocks come and go.
+ *
+ * The peak costs O(1) per event, amortised: each event marks its stack
+ * dirty (once, onto a list), and a new peak copies the current totals of
+ * the dirty stacks only, which every other stack already has. So the
+ * growth phase, where every alloc is a new peak, copies one stack per
+ * event, and a long run below its peak grows the list to at most the
+ * number of stacks.
  */
 #include "table.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,11 +43,14 @@ void dd_prof_table_init(struct dd_prof_table *t)
 
 void dd_prof_table_free(struct dd_prof_table *t)
 {
-    for (size_t i = 0; i < t->nstacks; i++)
+    for (size_t i = 0; i < t->nstacks; i++) {
         free(t->stacks[i].frames);
+        free(t->stacks[i].life);
+    }
     free(t->stacks);
     free(t->stack_slots);
     free(t->live);
+    free(t->peak_dirty);
     memset(t, 0, sizeof *t);
 }
 
@@ -79,10 +90,14 @@ static long intern_stack(struct dd_prof_table *t, uint32_t tgid, const uint64_t 
     if (t->nstacks == t->stacks_cap) {
         size_t cap = t->stacks_cap ? 2 * t->stacks_cap : 256;
         struct dd_prof_stack *grown = realloc(t->stacks, cap * sizeof *grown);
-        if (grown == NULL)
+        uint32_t *dirty = realloc(t->peak_dirty, cap * sizeof *dirty);
+        if (grown != NULL)
+            t->stacks = grown;
+        if (dirty != NULL)
+            t->peak_dirty = dirty;
+        if (grown == NULL || dirty == NULL)
             return -1;
-        t->stacks = grown;
-        t->stacks_cap = cap;
+        t->stacks_cap = t->peak_dirty_cap = cap;
     }
     uint64_t *copy = malloc((n ? n : 1) * sizeof *copy);
     if (copy == NULL)
@@ -130,11 +145,138 @@ static size_t find_live(const struct dd_prof_table *t, uint32_t tgid, uint64_t p
     return j;
 }
 
+/* Stack i is about to change: its totals at the peak are its current ones
+ * until the next new peak (the dirty list has room for every stack). */
+static void touch(struct dd_prof_table *t, uint32_t i)
+{
+    struct dd_prof_stack *s = &t->stacks[i];
+    if (s->peak_dirty)
+        return;
+    s->peak_dirty = 1;
+    t->peak_dirty[t->npeak_dirty++] = i;
+}
+
+/* After an alloc: if the estimated live bytes are the highest yet, the
+ * table as it is now becomes the peak. */
+static void note_peak(struct dd_prof_table *t, uint64_t ts_ns)
+{
+    if (!(t->live_space > t->peak_space))
+        return;
+    for (size_t k = 0; k < t->npeak_dirty; k++) {
+        struct dd_prof_stack *s = &t->stacks[t->peak_dirty[k]];
+        s->peak_alloc_objects = s->alloc_objects;
+        s->peak_alloc_space = s->alloc_space;
+        s->peak_inuse_objects = s->inuse_objects;
+        s->peak_inuse_space = s->inuse_space;
+        s->peak_dirty = 0;
+    }
+    t->npeak_dirty = 0;
+    t->peak_space = t->live_space;
+    t->peak_ts_ns = ts_ns;
+}
+
+unsigned dd_prof_life_bucket(uint64_t ns)
+{
+    return ns < 2 ? 0 : 63u - (unsigned)__builtin_clzll(ns);
+}
+
+uint64_t dd_prof_life_bucket_start(unsigned k)
+{
+    return k == 0 ? 0 : UINT64_C(1) << k;
+}
+
+static void record_checkpoint(struct dd_prof_table *t)
+{
+    if (t->ncheckpoints == DD_PROF_CHECKPOINTS) {
+        /* Keep every second one (times 2, 4, ... steps), at twice the
+         * spacing: checkpoint i stays at first + (i + 1) * step. */
+        for (size_t s = 0; s < t->nstacks; s++)
+            for (unsigned i = 0; i < DD_PROF_CHECKPOINTS / 2; i++)
+                t->stacks[s].checkpoint_space[i] = t->stacks[s].checkpoint_space[2 * i + 1];
+        t->ncheckpoints = DD_PROF_CHECKPOINTS / 2;
+        t->checkpoint_step_ns *= 2;
+    }
+    for (size_t s = 0; s < t->nstacks; s++)
+        t->stacks[s].checkpoint_space[t->ncheckpoints] = t->stacks[s].inuse_space;
+    t->ncheckpoints++;
+}
+
+void dd_prof_table_advance(struct dd_prof_table *t, uint64_t now_ns)
+{
+    if (t->first_ts_ns == 0) {
+        t->first_ts_ns = t->last_ts_ns = now_ns;
+        t->checkpoint_step_ns = 250000000; /* 250 ms, doubled as the run goes on */
+        return;
+    }
+    if (now_ns < t->last_ts_ns)
+        return; /* another CPU's clock, a hair behind: same instant for us */
+    /* The table has not changed since last_ts: every checkpoint due before
+     * now is the state as it is. */
+    while (t->first_ts_ns + (t->ncheckpoints + 1) * t->checkpoint_step_ns <= now_ns)
+        record_checkpoint(t);
+    t->last_ts_ns = now_ns;
+}
+
+double dd_prof_table_space_at(const struct dd_prof_table *t, size_t s, double f)
+{
+    if (t->checkpoint_step_ns == 0 || f >= 1)
+        return t->stacks[s].inuse_space;
+    double at = f * (double)(t->last_ts_ns - t->first_ts_ns) / (double)t->checkpoint_step_ns;
+    long i = lround(at) - 1;
+    if (i < 0)
+        return 0;
+    if (i >= (long)t->ncheckpoints)
+        return t->stacks[s].inuse_space;
+    return t->stacks[s].checkpoint_space[i];
+}
+
+int dd_prof_table_peak_view(const struct dd_prof_table *t, struct dd_prof_table *out)
+{
+    *out = *t;
+    out->stacks = malloc((t->nstacks ? t->nstacks : 1) * sizeof *out->stacks);
+    if (out->stacks == NULL)
+        return -1;
+    out->stacks_cap = t->nstacks;
+    out->stack_slots = NULL;
+    out->live = NULL;
+    out->peak_dirty = NULL;
+    for (size_t i = 0; i < t->nstacks; i++) {
+        struct dd_prof_stack s = t->stacks[i];
+        /* A dirty stack changed after the peak: its peak_* are right.
+         * A clean one has not changed since: both agree. */
+        s.alloc_objects = s.peak_alloc_objects;
+        s.alloc_space = s.peak_alloc_space;
+        s.inuse_objects = s.peak_inuse_objects;
+        s.inuse_space = s.peak_inuse_space;
+        s.life = NULL;
+        out->stacks[i] = s;
+    }
+    out->live_space = t->peak_space;
+    return 0;
+}
+
 static void take_out(struct dd_prof_table *t, const struct dd_prof_block *b)
 {
+    touch(t, b->stack);
     struct dd_prof_stack *s = &t->stacks[b->stack];
     s->inuse_space -= b->weight;
     s->inuse_objects -= b->objects;
+    t->live_space -= b->weight;
+}
+
+/* A freed block's lifetime into its stack's histogram. Returns -1 when out
+ * of memory. */
+static int record_lifetime(struct dd_prof_table *t, const struct dd_prof_block *b, uint64_t ts_ns)
+{
+    struct dd_prof_stack *s = &t->stacks[b->stack];
+    if (s->life == NULL && (s->life = calloc(1, sizeof *s->life)) == NULL)
+        return -1;
+    unsigned k = dd_prof_life_bucket(ts_ns > b->ts_ns ? ts_ns - b->ts_ns : 0);
+    s->life->count[k]++;
+    s->life->space[k] += b->weight;
+    s->life->objects[k] += b->objects;
+    s->life->freed++;
+    return 0;
 }
 
 /* Empties slot j and moves back every later entry of the same probe run
@@ -160,13 +302,16 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
                         const uint64_t *frames, uint32_t nframes)
 {
     uint64_t ptr = a->ptr, size = a->size, weight = a->weight;
+    dd_prof_table_advance(t, a->ts_ns);
     long stack = intern_stack(t, a->tgid, frames, nframes);
     if (stack < 0)
         return -1;
     if (2 * (t->nlive + 1) > t->live_cap && grow_live(t) != 0)
         return -1;
     double objects = size ? (double)weight / (double)size : 0.0;
+    touch(t, (uint32_t)stack);
     struct dd_prof_stack *s = &t->stacks[stack];
+    t->live_space += (double)weight;
     s->alloc_space += (double)weight;
     s->alloc_objects += objects;
     s->inuse_space += (double)weight;
@@ -181,24 +326,29 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
     } else {
         t->nlive++;
     }
-    t->live[j] = (struct dd_prof_block){ptr, a->tgid, (uint32_t)stack, (double)weight, objects};
+    t->live[j] =
+        (struct dd_prof_block){ptr, a->tgid, (uint32_t)stack, (double)weight, objects, a->ts_ns};
+    note_peak(t, a->ts_ns);
     return 0;
 }
 
-void dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_sample *f)
+int dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_sample *f)
 {
     uint64_t ptr = f->ptr;
+    dd_prof_table_advance(t, f->ts_ns);
     t->frees++;
     if (t->live_cap == 0 || ptr == 0) {
         t->unmatched_frees++;
-        return;
+        return 0;
     }
     size_t j = find_live(t, f->tgid, ptr);
     if (t->live[j].ptr != ptr) {
         /* Sampled before we attached, or its alloc event was lost. */
         t->unmatched_frees++;
-        return;
+        return 0;
     }
+    int rc = record_lifetime(t, &t->live[j], f->ts_ns);
     take_out(t, &t->live[j]);
     remove_slot(t, j);
+    return rc;
 }

@@ -2,13 +2,37 @@
  * ddheap-prof's view of the heap: every distinct allocation stack with its
  * four totals (Go's heap sample types), and the table of sampled blocks
  * still live, which links a block's free back to its stack. Both grow with
- * memory; nothing here is bounded by a key count.
+ * memory; nothing here is bounded by a key count, and nothing grows with
+ * the length of a run: per stack, the totals at the peak, a log2 lifetime
+ * histogram and a few checkpoints of its live bytes are fixed-size.
+ *
+ * Time is the events' own (ts_ns, CLOCK_MONOTONIC): the state "at time T"
+ * is the table after every event stamped before T, so the peak and the
+ * checkpoints are each taken between two events. One table holds every
+ * followed process (stacks and blocks keyed by tgid too): its live bytes,
+ * and so its peak, are those of all of them together.
  */
 #ifndef DDHEAP_PROF_TABLE_H
 #define DDHEAP_PROF_TABLE_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* Lifetime bucket k holds lifetimes in [2^k, 2^(k+1)) ns (bucket 0 also
+ * holds 0 and 1 ns). */
+#define DD_PROF_LIFE_BUCKETS 64
+/* Checkpoints of each stack's live bytes, evenly spaced over the run so
+ * far (the spacing doubles when they are all used). */
+#define DD_PROF_CHECKPOINTS 8
+
+/* The freed sampled blocks of one stack by lifetime (free ts - alloc ts),
+ * allocated at the stack's first matched free. */
+struct dd_prof_lifetimes {
+    uint32_t count[DD_PROF_LIFE_BUCKETS];       /* sampled blocks */
+    double space[DD_PROF_LIFE_BUCKETS];         /* their weights (bytes) */
+    double objects[DD_PROF_LIFE_BUCKETS];       /* weight / size */
+    uint64_t freed;                             /* sum of count */
+};
 
 struct dd_prof_stack {
     uint64_t *frames; /* innermost first, as the kernel walked them */
@@ -18,6 +42,13 @@ struct dd_prof_stack {
     /* Estimates: sums of weights (bytes) and of weight / size (objects). */
     double alloc_objects, alloc_space;
     double inuse_objects, inuse_space;
+    /* The four at the table's peak; stale while peak_dirty (the stack
+     * changed since): the current values become the peak ones when a new
+     * peak is reached. */
+    double peak_alloc_objects, peak_alloc_space, peak_inuse_objects, peak_inuse_space;
+    uint8_t peak_dirty;
+    struct dd_prof_lifetimes *life; /* NULL until a block of it is freed */
+    double checkpoint_space[DD_PROF_CHECKPOINTS]; /* inuse_space at each checkpoint */
 };
 
 struct dd_prof_block {
@@ -25,6 +56,7 @@ struct dd_prof_block {
     uint32_t tgid; /* a block is (process, address) */
     uint32_t stack;
     double weight, objects;
+    uint64_t ts_ns; /* its alloc event's */
 };
 
 struct dd_prof_table {
@@ -35,6 +67,19 @@ struct dd_prof_table {
     struct dd_prof_block *live;
     size_t nlive, live_cap;
     uint64_t allocs, frees, unmatched_frees, replaced_allocs;
+
+    /* The estimated live bytes (sum of live weights) now and at its
+     * highest; the stacks changed since that peak (each once). */
+    double live_space, peak_space;
+    uint64_t peak_ts_ns;
+    uint32_t *peak_dirty;
+    size_t npeak_dirty, peak_dirty_cap;
+
+    /* Run time: the first event's ts, the last seen, and the checkpoints:
+     * checkpoint i is the state at first_ts + (i + 1) * checkpoint_step. */
+    uint64_t first_ts_ns, last_ts_ns;
+    uint64_t checkpoint_step_ns;
+    unsigned ncheckpoints;
 };
 
 /* One event as the table takes it (size and weight: alloc only). */
@@ -49,6 +94,25 @@ void dd_prof_table_free(struct dd_prof_table *t);
 /* Returns 0, or -1 when out of memory. */
 int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
                         const uint64_t *frames, uint32_t nframes);
-void dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_sample *f);
+/* Returns 0, or -1 when out of memory (the free is applied all the same). */
+int dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_sample *f);
+/* Brings the checkpoints up to time now (the end of a run: the state has
+ * not changed since the last event). */
+void dd_prof_table_advance(struct dd_prof_table *t, uint64_t now_ns);
+
+/* A copy of the stack array with the four totals as they stood at the
+ * peak (no lifetimes: life is NULL); frames are shared with t. The copy
+ * becomes a table *out that must not be given to dd_prof_table_free:
+ * free(out->stacks) only. Returns 0 or -1. */
+int dd_prof_table_peak_view(const struct dd_prof_table *t, struct dd_prof_table *out);
+
+/* The lifetime bucket of a lifetime in ns, and the smallest lifetime of
+ * bucket k. */
+unsigned dd_prof_life_bucket(uint64_t ns);
+uint64_t dd_prof_life_bucket_start(unsigned k);
+/* The live bytes of stack s at fraction f (0..1] of the run so far, from
+ * the checkpoint nearest that time (0 before the first; the current value
+ * at 1). */
+double dd_prof_table_space_at(const struct dd_prof_table *t, size_t s, double f);
 
 #endif
