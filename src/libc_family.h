@@ -34,6 +34,7 @@
 #include <ddheap.h>
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/auxv.h>
@@ -135,16 +136,22 @@ static inline void ddheap_family_free(ddheap_free_via *via, void *ptr)
     via(f.ptr);
 }
 
+/* count * size in *bytes; true (errno ENOMEM) if the product wraps, which
+ * calloc and reallocarray must refuse as every allocator does rather than
+ * turn into a small block. */
+static inline bool ddheap_family_product_overflows(size_t count, size_t size, size_t *bytes)
+{
+    if (!__builtin_mul_overflow(count, size, bytes))
+        return false;
+    errno = ENOMEM;
+    return true;
+}
+
 static inline void *ddheap_family_calloc(ddheap_calloc_via *via, size_t count, size_t size)
 {
-    size_t bytes;
-    /* ddheap sees one block of count * size bytes: a product that wraps
-     * must fail as every allocator's calloc does, never become a small
-     * block. */
-    if (__builtin_mul_overflow(count, size, &bytes)) {
-        errno = ENOMEM;
+    size_t bytes; /* ddheap sees one block of count * size bytes */
+    if (ddheap_family_product_overflows(count, size, &bytes))
         return NULL;
-    }
     dd_alloc_req_t req = dd_allocation_requested(bytes, 0);
     return dd_allocation_created(via(1, req.size), req);
 }
@@ -166,10 +173,8 @@ static inline void *ddheap_family_reallocarray(ddheap_reallocarray_via *realloc_
                                                size_t count, size_t size)
 {
     size_t bytes;
-    if (__builtin_mul_overflow(count, size, &bytes)) {
-        errno = ENOMEM;
+    if (ddheap_family_product_overflows(count, size, &bytes))
         return NULL;
-    }
     return realloc_fn(ptr, bytes);
 }
 

@@ -72,16 +72,4 @@ bool ddheap_unmark(void *ptr, struct ddheap_mark *out)
     return true;
 }
 
-int ddheap_mark_thread_status(const struct ddheap__thread *t)
-{
-    (void)t;
-    return DD_HEAP_THREAD_SAMPLING_READY;
-}
-
-/* Headers need nothing from the kernel: there is no tagging to fail. */
-void ddheap_test_fail_tagging(bool fail)
-{
-    (void)fail;
-}
-
 #endif /* DDHEAP_MARK_HEADER */

@@ -217,18 +217,6 @@ bool ddheap_unmark(void *user, struct ddheap_mark *out)
     return true;
 }
 
-int ddheap_mark_thread_status(const struct ddheap__thread *t)
-{
-    (void)t;
-    return DD_HEAP_THREAD_SAMPLING_READY;
-}
-
-/* No tagging to fail. */
-void ddheap_test_fail_tagging(bool fail)
-{
-    (void)fail;
-}
-
 unsigned ddheap_shadow_levels_mapped(void)
 {
     unsigned k = 0;

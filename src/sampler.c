@@ -454,6 +454,22 @@ int dd_heap_thread_sampling_status(void)
 #endif
 }
 
+#if !DDHEAP_MARK_TBI
+/* Header and shadow marking need nothing from the kernel per thread
+ * (mark_tbi.c has the scheme that does): every thread may sample, and
+ * there is no tagging to fail. */
+int ddheap_mark_thread_status(const struct ddheap__thread *t)
+{
+    (void)t;
+    return DD_HEAP_THREAD_SAMPLING_READY;
+}
+
+void ddheap_test_fail_tagging(bool fail)
+{
+    (void)fail;
+}
+#endif
+
 /* --- test hooks (ddheap/testing.h) --- */
 
 void ddheap_test_seed_thread(uint64_t seed)

@@ -39,6 +39,11 @@ static const Dwfl_Callbacks callbacks = {
     .debuginfo_path = &debuginfo_path,
 };
 
+const Dwfl_Callbacks *dd_prof_dwfl_callbacks(void)
+{
+    return &callbacks;
+}
+
 struct dd_prof_symbolizer *dd_prof_symbolizer_new(const struct dd_prof_objects *objs)
 {
     struct dd_prof_symbolizer *s = calloc(1, sizeof *s);

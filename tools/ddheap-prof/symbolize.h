@@ -10,6 +10,8 @@
 #ifndef DDHEAP_PROF_SYMBOLIZE_H
 #define DDHEAP_PROF_SYMBOLIZE_H
 
+#include <elfutils/libdwfl.h>
+
 #include "objects.h"
 
 /* Functions inlined into one another at an address, at most this many. */
@@ -34,6 +36,11 @@ struct dd_prof_frame {
 struct dd_prof_symbolizer;
 
 struct dd_prof_symbolizer *dd_prof_symbolizer_new(const struct dd_prof_objects *objs);
+
+/* How libdwfl finds an object's ELF file and its separate debug info
+ * (/usr/lib/debug, by build id too): one set for the symbolizer and the
+ * unwinder. */
+const Dwfl_Callbacks *dd_prof_dwfl_callbacks(void);
 /* return_address: addr is where a call returns to (every frame but the
  * innermost), so the call itself, at addr - 1, is what gets named. The
  * strings stay valid until the symbolizer is freed. */

@@ -26,6 +26,7 @@
 #include <linux/types.h>
 
 #include "ddheap_prof.h"
+#include "symbolize.h"
 
 /* A read this far above the copy's end is taken as a read of the rest of
  * the stack (the copy was too short), not as a wild pointer. */
@@ -50,13 +51,6 @@ struct dd_prof_unwinder {
     bool too_deep;
 };
 
-static char *debuginfo_path;
-static const Dwfl_Callbacks module_callbacks = {
-    .find_elf = dwfl_linux_proc_find_elf,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
-    .section_address = dwfl_offline_section_address,
-    .debuginfo_path = &debuginfo_path,
-};
 
 static int64_t monotonic_ns(void)
 {
@@ -174,7 +168,7 @@ static void rebuild(struct dd_prof_unwinder *u)
 {
     if (u->dwfl)
         dwfl_end(u->dwfl);
-    u->dwfl = dwfl_begin(&module_callbacks);
+    u->dwfl = dwfl_begin(dd_prof_dwfl_callbacks());
     if (u->dwfl == NULL)
         return;
     dwfl_report_begin(u->dwfl);
