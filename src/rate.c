@@ -1,5 +1,5 @@
 /*
- * The process-wide sampling-rate limit (DESIGN §10, docs/performance.md
+ * The process-wide sampling-rate limit (docs/design.md, docs/performance.md
  * "Rate limit"): one budget of samples per second for every thread and
  * every copy of ddheap in the process, with a burst of one second's worth.
  *
