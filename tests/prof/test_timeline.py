@@ -190,8 +190,9 @@ def snapshot_instant(prof):
 # --- the tests ---------------------------------------------------------------
 
 def report_sites(text):
-    """From --report: {site: {"suspect": bool, "buckets": {k: sampled}}}
-    and the suspects in rank order (the site_* each names)."""
+    """From --report: {site: {"suspect": bool, "buckets": {k: sampled}}},
+    summed over the stacks that name the site, and the suspects in rank
+    order (the site_* each names)."""
     sites, ranked, current = {}, [], None
     section = None
     for line in text.splitlines():
@@ -209,7 +210,10 @@ def report_sites(text):
                 current["suspect"] = True
             b = re.search(r"(\d+) sampled .*\[bucket (\d+)\]", line)
             if b:
-                current["buckets"][int(b.group(2))] = int(b.group(1))
+                # A site reached through several stacks (two return
+                # addresses in its caller) has a section for each: summed.
+                k = int(b.group(2))
+                current["buckets"][k] = current["buckets"].get(k, 0) + int(b.group(1))
     return sites, ranked
 
 
