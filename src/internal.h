@@ -70,7 +70,7 @@ uint64_t ddheap_rate_windows(void);
 void ddheap_rate_process_init(void);
 /* Tests only: called by the thread that closes a window, while it holds
  * the window's claim (tests/ratelimit/test_rate_fork.c forks there). */
-extern void (*ddheap_rate_closing_hook)(void);
+void ddheap_rate_set_closing_hook(void (*hook)(void));
 
 /* --- probes.c --- */
 /* The alloc and free probes. Each hands back what its caller returns next

@@ -114,7 +114,14 @@ __asm__(".pushsection .bss.ddheap_rate_v2,\"aw\",%nobits\n"
 
 extern struct ddheap__rate ddheap_rate_v2 __attribute__((visibility("default")));
 
-void (*ddheap_rate_closing_hook)(void);
+/* A test hook (ddheap_rate_set_closing_hook); static, so that no global
+ * variable of the archive gets a sanitizer's ODR symbol beside it. */
+static void (*closing_hook)(void);
+
+void ddheap_rate_set_closing_hook(void (*hook)(void))
+{
+    __atomic_store_n(&closing_hook, hook, __ATOMIC_RELEASE);
+}
 
 static uint64_t monotonic_ns(void)
 {
@@ -346,7 +353,7 @@ uint64_t ddheap_rate_record(uint64_t weight)
     if (!__atomic_compare_exchange_n(&r->window_start_ns, &start, claim, false, __ATOMIC_ACQUIRE,
                                      __ATOMIC_RELAXED))
         return __atomic_load_n(&r->needed_mean, __ATOMIC_RELAXED);
-    void (*hook)(void) = __atomic_load_n(&ddheap_rate_closing_hook, __ATOMIC_ACQUIRE);
+    void (*hook)(void) = __atomic_load_n(&closing_hook, __ATOMIC_ACQUIRE);
     if (hook)
         hook(); /* tests: a fork while the claim is held */
     close_window(r, limit, quota, elapsed, claim);

@@ -125,7 +125,7 @@ static void test_children_keep_a_working_limit(void **state)
     dd_set_default_sampling_interval(INTERVAL);
     dd_set_max_samples_per_second(LIMIT);
     dd_heap_simulate_tracer(true);
-    ddheap_rate_closing_hook = park_while_forking;
+    ddheap_rate_set_closing_hook(park_while_forking);
     pthread_t threads[2];
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&threads[i], NULL, sampler, NULL), 0);
@@ -156,7 +156,7 @@ static void test_children_keep_a_working_limit(void **state)
     __atomic_store_n(&stop_threads, 1, __ATOMIC_RELAXED);
     for (int i = 0; i < 2; i++)
         pthread_join(threads[i], NULL);
-    ddheap_rate_closing_hook = NULL;
+    ddheap_rate_set_closing_hook(NULL);
     dd_heap_simulate_tracer(false);
     print_message("%d of %d random forks and %d of %d forks inside a claim failed\n", failed[0],
                   RANDOM_FORKS, failed[1], CLAIMED_FORKS);
