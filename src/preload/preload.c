@@ -495,7 +495,10 @@ static inline void *preload_whole_pages(ddheap_whole_pages_via **slot, size_t si
     return ddheap_family_whole_pages(via, size);
 }
 
-static inline void preload_free_sized(ddheap_free_sized_via **slot, void *ptr, size_t size)
+/* The C23 sized frees are defined only where the C library declares them
+ * (DDHEAP_PRELOAD_FREE_SIZED); clang would call these unused otherwise. */
+__attribute__((unused)) static inline void preload_free_sized(ddheap_free_sized_via **slot,
+                                                              void *ptr, size_t size)
 {
     ddheap_free_sized_via *via = LOADED(slot);
     if (__builtin_expect(via == NULL || in_arena(ptr), 0))
@@ -504,8 +507,9 @@ static inline void preload_free_sized(ddheap_free_sized_via **slot, void *ptr, s
         ddheap_family_free_sized(via, ptr, size);
 }
 
-static inline void preload_free_aligned_sized(ddheap_free_aligned_sized_via **slot, void *ptr,
-                                              size_t alignment, size_t size)
+__attribute__((unused)) static inline void
+preload_free_aligned_sized(ddheap_free_aligned_sized_via **slot, void *ptr, size_t alignment,
+                           size_t size)
 {
     ddheap_free_aligned_sized_via *via = LOADED(slot);
     if (__builtin_expect(via == NULL || in_arena(ptr), 0))
