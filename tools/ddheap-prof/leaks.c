@@ -142,11 +142,9 @@ int dd_prof_write_lifetime_report(FILE *out, const struct prof *p, const struct 
             s->old_blocks++;
         }
     }
-    size_t nsuspects = 0;
     for (size_t i = 0; i < n; i++) {
         struct site *s = &sites[i];
         s->suspect = s->old_space > 0 && s->l_quarter < s->l_half && s->l_half < s->l_end;
-        nsuspects += s->suspect;
     }
 
     char a[32], b[32], c[32], d[32], e[32];
