@@ -149,7 +149,7 @@ void *ddheap_mark_at(void *raw, uint32_t offset, size_t extra, bool reported)
     uintptr_t address = (uintptr_t)raw;
     /* A bit says one thing, "sampled and reported": no room for an offset
      * or extra bytes (mark_extra never asks for any). */
-    if (offset != 0 || extra != 0 || !reported || raw == NULL || !ddheap_shadow_markable(address))
+    if (offset != 0 || extra != 0 || !reported || !ddheap_shadow_markable(address))
         return NULL;
     int saved_errno = errno;
     int outcome = -1;
@@ -188,7 +188,7 @@ static bool clear_bit(uintptr_t address)
 bool ddheap_mark_lookup(void *user, struct ddheap_mark *out)
 {
     uintptr_t address = (uintptr_t)user;
-    if (!ddheap_shadow_markable(address))
+    if (!ddheap_shadow_may_be_marked(address))
         return false;
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
     struct ddheap_shadow_slot s = {NULL, 0, false, false};
@@ -211,7 +211,7 @@ bool ddheap_mark_lookup(void *user, struct ddheap_mark *out)
 bool ddheap_unmark(void *user, struct ddheap_mark *out)
 {
     uintptr_t address = (uintptr_t)user;
-    if (!ddheap_shadow_markable(address) || !clear_bit(address))
+    if (!ddheap_shadow_may_be_marked(address) || !clear_bit(address))
         return false;
     ddheap_shadow_unmarked(user, out);
     return true;

@@ -52,12 +52,21 @@ static inline bool ddheap_mark_thread_ready(struct ddheap__thread *t)
 }
 
 /* Whether a block at `address` can carry a mark: 8-byte aligned (one bit
- * per 8 bytes cannot tell apart two blocks that start in the same 8 bytes)
- * and below 2^55, so that its span fits the 48 bits of a word's tag (a
- * pointer whose top byte is set, say by HWASan, is never marked). NULL
- * passes, harmlessly: it is never marked (a failed allocation is not
- * sampled), so looking for it finds nothing. */
+ * per 8 bytes cannot tell apart two blocks that start in the same 8 bytes),
+ * not NULL, and at most 2^54, so that its span fits the 48 bits of a word's
+ * tag (a pointer whose top byte is set, say by HWASan, is never marked).
+ * One subtraction folds the NULL test into the mask: 0 - 8 has every high
+ * bit set, and address - 8 for an address in [8, 2^54] does not. */
 static inline bool ddheap_shadow_markable(uintptr_t address)
+{
+    return (((uint64_t)address - 8) & UINT64_C(0xffc0000000000007)) == 0;
+}
+
+/* Whether a mark for `address` may exist, as the free side asks it: the
+ * same alignment, below 2^55 (a superset of the markable addresses, whose
+ * span still fits the tag), NULL included, which is never marked. One
+ * instruction fewer than the test above. */
+static inline bool ddheap_shadow_may_be_marked(uintptr_t address)
 {
     return ((uint64_t)address & UINT64_C(0xff80000000000007)) == 0;
 }
@@ -93,7 +102,48 @@ static inline uint8_t *ddheap_shadow_summary_of(uintptr_t address)
 /* Counters saturate at 255 and then stay there: an entry shared by that
  * many live marks (addresses 4 GiB apart share one; so do the blocks of a
  * page of tiny blocks at interval 1) keeps sending its frees to the walk,
- * which stays exact. */
+ * which stays exact.
+ *
+ * On x86-64 the loops are written out: GCC computed the counter's address
+ * into a register of its own (two adds) instead of addressing it from the
+ * shared object's base and the index, two instructions more on each side of
+ * a sampled pair. The compare-and-swap takes the expected value in al, and
+ * a lock-prefixed instruction orders at least as strongly as the relaxed
+ * one of the C version. */
+#if defined(__x86_64__)
+static inline void ddheap_shadow_summary_add(uintptr_t address)
+{
+    uint32_t seen, next;
+    __asm__ volatile("movzbl %2, %0\n\t"
+                     "1:\n\t"
+                     "cmpb $0xff, %b0\n\t"
+                     "je 2f\n\t"
+                     "leal 1(%q0), %k1\n\t"
+                     "lock cmpxchgb %b1, %2\n\t"
+                     "jne 1b\n"
+                     "2:"
+                     : "=&a"(seen), "=&q"(next), "+m"(*ddheap_shadow_summary_of(address))
+                     :
+                     : "cc");
+}
+
+static inline void ddheap_shadow_summary_sub(uintptr_t address)
+{
+    /* seen - 1 above 0xfd: seen was 0 (nothing to take) or 255 (sticky) */
+    uint32_t seen, next;
+    __asm__ volatile("movzbl %2, %0\n\t"
+                     "1:\n\t"
+                     "leal -1(%q0), %k1\n\t"
+                     "cmpb $0xfd, %b1\n\t"
+                     "ja 2f\n\t"
+                     "lock cmpxchgb %b1, %2\n\t"
+                     "jne 1b\n"
+                     "2:"
+                     : "=&a"(seen), "=&q"(next), "+m"(*ddheap_shadow_summary_of(address))
+                     :
+                     : "cc");
+}
+#else
 static inline void ddheap_shadow_summary_add(uintptr_t address)
 {
     uint8_t *c = ddheap_shadow_summary_of(address);
@@ -115,6 +165,7 @@ static inline void ddheap_shadow_summary_sub(uintptr_t address)
     } while (!__atomic_compare_exchange_n(c, &v, (uint8_t)(v - 1), true, __ATOMIC_RELAXED,
                                           __ATOMIC_RELAXED));
 }
+#endif
 
 /* A mark is counted (live count, summary) before its bit can be cleared,
  * and uncounted after its bit is cleared: whoever can clear the bit sees
@@ -209,6 +260,8 @@ static inline void *ddheap_mark_fresh(void *raw, size_t extra)
     if (DDHEAP__UNLIKELY(level0 == NULL || !ddheap_shadow_markable(address) ||
                          !ddheap_shadow_upper_empty()))
         return NULL;
+    if (address == 0) /* markable said so; tells the compiler, so that the */
+        __builtin_unreachable(); /* caller needs no test of what we return */
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
     uint64_t key = span << 16, bit = ddheap_shadow_bit(address);
     uint64_t *bucket = ddheap_shadow_bucket(level0, 0, span);
@@ -265,7 +318,7 @@ static inline int ddheap_unmark_quick(void *user, struct ddheap_mark *out)
 {
     uintptr_t address = (uintptr_t)user;
     uint64_t *level0 = ddheap_shadow_level(0);
-    if (level0 == NULL || !ddheap_shadow_markable(address))
+    if (level0 == NULL || !ddheap_shadow_may_be_marked(address))
         return 0;
     uint64_t span = (uint64_t)address >> DDHEAP_SHADOW_SPAN_SHIFT;
     if (ddheap_shadow_clear_in(ddheap_shadow_bucket(level0, 0, span), span << 16,

@@ -300,26 +300,54 @@ request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
 #define DDHEAP_FRAMELESS_TAIL
 #endif
 
+/* Whether the thread can mark without asking anything first (pointer tags:
+ * once the kernel said yes; the other schemes: always). */
+static inline bool thread_marks_already(const struct ddheap__thread *t)
+{
+#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
+    return t->tagging == DDHEAP_TAGGING_ON;
+#else
+    (void)t;
+    return true;
+#endif
+}
+
+/* Every case ddheap__sample_request does not decide inline: a reentered
+ * call (a signal handler), a configuration to adopt, R > 1's floating
+ * point, a thread that has yet to ask whether it can mark. One function
+ * for all of them, reached by a tail call: the inline part then saves no
+ * register and sets up no frame. */
+__attribute__((noinline)) static void request_the_long_way(dd_alloc_req_t *out,
+                                                          struct ddheap__thread *t, size_t size,
+                                                          size_t alignment)
+{
+    if (t->busy) /* reentered (signal handler): pass through */
+        *out = pass_through(size, alignment);
+    else if (!config_current(t))
+        *out = request_with_new_config(t, size, alignment);
+    else
+        *out = sampled_block(t, size, alignment);
+}
+
 /*
  * The fast path saw the countdown run out inside a block of `size` bytes,
  * and left it at 0: this is the only way in, so the block holds a sample
  * point unless the thread is new or the interval changed (its countdown
- * was then drawn for another configuration, or never). Decides the block,
- * and leaves the countdown set for the next one.
+ * was then drawn for another configuration, or never). Decides the block
+ * into *out, and leaves the countdown set for the next one.
  *
- * The common cases (R = 1, a current configuration) call nothing; what
- * needs calls (adopting a configuration, R > 1's floating point) is in
- * functions of its own, so the common path keeps no registers across a
- * call and sets up no frame.
+ * Inline here: R = 1 with a current configuration (every block sampled,
+ * weight = size, the countdown stays 0), which calls nothing; everything
+ * else goes to request_the_long_way, by a tail call.
  */
-DDHEAP_FRAMELESS dd_alloc_req_t ddheap__sample_request(size_t size, size_t alignment)
+DDHEAP_FRAMELESS void ddheap__sample_request(dd_alloc_req_t *out, size_t size, size_t alignment)
 {
     struct ddheap__thread *t = &ddheap__thread_state;
-    if (DDHEAP__UNLIKELY(t->busy)) /* reentered (signal handler): pass through */
-        return pass_through(size, alignment);
-    if (DDHEAP__UNLIKELY(!config_current(t)))
-        return request_with_new_config(t, size, alignment);
-    return sampled_block(t, size, alignment);
+    if (DDHEAP__LIKELY(!t->busy && config_current(t) && t->mean <= 1 && thread_marks_already(t))) {
+        *out = with_mark_room(size, alignment, size);
+        return;
+    }
+    request_the_long_way(out, t, size, alignment);
 }
 
 #if DDHEAP_LIVE_HEAP
@@ -329,6 +357,8 @@ DDHEAP_FRAMELESS dd_alloc_req_t ddheap__sample_request(size_t size, size_t align
 __attribute__((noinline)) static void *created_the_long_way(void *raw, size_t user_size,
                                                             uint64_t weight, size_t extra)
 {
+    if (raw == NULL) /* the real allocation failed (shadow: seen only here) */
+        return NULL;
     void *user = ddheap_mark_at(raw, (uint32_t)extra, extra, true);
     if (user == NULL) {
         /* Cannot happen with a sane table size (docs/alignment.md); the
@@ -346,12 +376,15 @@ __attribute__((noinline)) static void *created_the_long_way(void *raw, size_t us
 DDHEAP_FRAMELESS_TAIL void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight,
                                                    size_t extra)
 {
+#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_SHADOW
+    /* The quick mark refuses NULL itself, in the test of the address it
+     * makes anyway (mark_shadow.h): the long way then returns it. */
+    extra = 0; /* the scheme never asks for room; a register freed for marking */
+#else
     if (raw == NULL) /* the real allocation failed: nothing to report */
         return NULL;
-#if DDHEAP_LIVE_HEAP
-#if DDHEAP_MARK_SHADOW
-    extra = 0; /* the scheme never asks for room; a register freed for marking */
 #endif
+#if DDHEAP_LIVE_HEAP
     void *user = ddheap_mark_fresh(raw, extra);
     if (DDHEAP__UNLIKELY(user == NULL))
         return created_the_long_way(raw, user_size, weight, extra);

@@ -183,7 +183,9 @@ static inline dd_alloc_req_t dd_allocation_requested(size_t size, size_t alignme
     dd_alloc_req_t req = {size, size, alignment, 0};
     if (DDHEAP__UNLIKELY(ddheap__nonzero32(&ddheap__tracer_gate)) &&
         DDHEAP__UNLIKELY(ddheap__countdown_borrows((uint64_t)size))) {
-        return ddheap__sample_request(size, alignment);
+        dd_alloc_req_t sampled;
+        ddheap__sample_request(&sampled, size, alignment);
+        return sampled;
     }
     return req;
 }
@@ -194,8 +196,16 @@ static inline dd_alloc_req_t dd_allocation_requested(size_t size, size_t alignme
  */
 static inline void *dd_allocation_created(void *raw, dd_alloc_req_t req)
 {
-    if (DDHEAP__UNLIKELY(req.weight != 0))
+    if (DDHEAP__UNLIKELY(req.weight != 0)) {
+#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_SHADOW
+        /* The shadow scheme never asks for room (req.size == req.user_size):
+         * a constant, so the caller keeps one value fewer across its real
+         * allocation (bench/: 4 instructions per sampled pair with glibc). */
+        return ddheap__sample_created(raw, req.user_size, req.weight, 0);
+#else
         return ddheap__sample_created(raw, req.user_size, req.weight, req.size - req.user_size);
+#endif
+    }
     return raw;
 }
 

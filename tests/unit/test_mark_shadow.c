@@ -199,12 +199,26 @@ static void test_unmarkable_addresses_pass_through(void **state)
     (void)state;
     tracer_on(1);
     uintptr_t odd[] = {UINT64_C(0x330000000004), UINT64_C(0x330000000001),
-                       UINT64_C(0xdd00330000000000)};
+                       UINT64_C(0xdd00330000000000), (UINT64_C(1) << 54) + 8};
     for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
         mark(odd[i], 4, 0);
         release(odd[i], 4, 0);
     }
     assert_int_equal(rec.n, 0);
+    tracer_done();
+}
+
+/* The highest markable address, 2^54: its span fills the word's tag. */
+static void test_highest_markable_address(void **state)
+{
+    (void)state;
+    tracer_on(1);
+    const uintptr_t top = UINT64_C(1) << 54;
+    mark(top, 4, 0);
+    assert_int_equal(ddheap_test_live_marked(), 1);
+    release(top, 4, 0);
+    assert_int_equal(ddheap_test_live_marked(), 0);
+    assert_int_equal(rec.n, 2);
     tracer_done();
 }
 
@@ -383,6 +397,7 @@ DDHEAP_TEST_MAIN(
     cmocka_unit_test(test_stale_bit_reported_by_the_next_free),
     cmocka_unit_test(test_stale_bit_then_sampled_again),
     cmocka_unit_test(test_unmarkable_addresses_pass_through),
+    cmocka_unit_test(test_highest_markable_address),
     cmocka_unit_test(test_realloc_passes_through),
     cmocka_unit_test(test_threads_share_words),
     cmocka_unit_test(test_fork),
