@@ -159,6 +159,14 @@ extern uint8_t ddheap__free_gate DDHEAP__HIDDEN;
 struct dd_alloc_req;
 struct dd_alloc_freed;
 struct dd_realloc_prep;
+/* Read on its own (the headers' self-containment check), this header
+ * declares functions that return the structs <ddheap.h> defines later;
+ * clang's C++ front end warns about an incomplete return type behind C
+ * linkage. Every call site sees the complete C structs. */
+#if defined(__cplusplus) && defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wreturn-type-c-linkage"
+#endif
 DDHEAP__HIDDEN void ddheap__sample_request(struct dd_alloc_req *out, size_t size, size_t alignment);
 DDHEAP__HIDDEN void *ddheap__sample_created(void *raw, size_t user_size, uint64_t weight,
                                             size_t extra);
@@ -167,6 +175,9 @@ DDHEAP__HIDDEN struct dd_alloc_freed ddheap__release(void *user, size_t size);
 DDHEAP__HIDDEN struct dd_realloc_prep ddheap__realloc_prepare(void *old_user, size_t new_size);
 DDHEAP__HIDDEN void *ddheap__realloc_commit(void *old_user, void *new_raw,
                                             struct dd_realloc_prep prep);
+#if defined(__cplusplus) && defined(__clang__)
+#pragma clang diagnostic pop
+#endif
 
 #ifdef __cplusplus
 }
