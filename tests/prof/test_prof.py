@@ -446,6 +446,8 @@ def test_errors(c, prof, workload, artifacts, extra):
     expect(["-p", "1", "--", "true"], 2, "not both", "both -p and a command")
     expect(["-p", "x"], 2, "-p needs a process id", "a pid that is not a number")
     expect(["-d", "soon", "-p", "1"], 2, "-d needs", "a bad duration")
+    for endless in ("inf", "nan", "1e300"):
+        expect(["-d", endless, "-p", "1"], 2, "-d needs", f"a duration of {endless} seconds")
     expect(["--provider", "jemalloc", "-p", "1"], 2, "--provider is", "an unknown provider")
     expect(["--value", "bytes", "-p", "1"], 2, "--value is", "an unknown --value")
     expect(["--no-such-option"], 2, "usage:", "an unknown option")
@@ -487,6 +489,40 @@ def test_errors(c, prof, workload, artifacts, extra):
            "-- a command without probes")
     expect(["-o", out, "--", "/nonexistent-program"], 127, "cannot run /nonexistent-program",
            "-- a command that does not exist")
+
+
+def test_thread_id(c, prof, workload, artifacts, extra):
+    """-p with the id of a thread that is not its process's first (what ps
+    -L, top -H and gettid() show): ddheap-prof says so and profiles the
+    process, instead of attaching to nothing. python3 with the preload
+    library, one thread waiting. (Registered where the preload library is
+    built.)"""
+    preload, = extra
+    out = os.path.join(artifacts, "thread-id.pb.gz")
+    script = ("import os, sys, threading\n"
+              "ready = threading.Event()\n"
+              "def wait():\n"
+              "    print(threading.get_native_id(), flush=True)\n"
+              "    ready.wait()\n"
+              "t = threading.Thread(target=wait)\n"
+              "t.start()\n"
+              "sys.stdin.readline()\n"
+              "ready.set()\n")
+    proc = subprocess.Popen(["python3", "-c", script], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, LD_PRELOAD=os.path.abspath(preload)))
+    try:
+        tid = int(proc.stdout.readline())
+        c.check(tid != proc.pid, f"the thread's id {tid} is not the process's {proc.pid}")
+        r = run_prof(prof, ["-p", str(tid), "-d", "0.3", "-o", out])
+        c.equal(r.returncode, 0, f"exit code ({r.stderr.strip()[-200:]!r})")
+        c.check(f"{tid} is a thread of process {proc.pid}; profiling the process" in r.stderr,
+                f"says whose thread it is: {r.stderr.strip()[:300]!r}")
+        c.check(f"profiling pid {proc.pid}" in r.stderr, "profiles the process")
+        c.check(os.path.getsize(out) > 0, "writes a profile")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=TIMEOUT)
 
 
 def test_dlopen(c, prof, workload, artifacts, extra):
@@ -588,7 +624,7 @@ def test_inline(c, prof, workload, artifacts, extra):
 
 
 TESTS = {"inline": test_inline, "sigint": test_sigint, "duration": test_duration, "preload": test_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
-         "lost": test_lost, "errors": test_errors}
+         "lost": test_lost, "errors": test_errors, "thread-id": test_thread_id}
 
 
 def main():

@@ -87,8 +87,9 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         case 'd':
             errno = 0;
             o->duration = strtod(optarg, &end);
-            if (errno || *end || end == optarg || !(o->duration > 0))
-                die_usage("-d needs a positive number of seconds");
+            /* bounded: the deadline is computed in int64 nanoseconds */
+            if (errno || *end || end == optarg || !(o->duration > 0) || o->duration > 1e9)
+                die_usage("-d needs a positive number of seconds, at most 1e9");
             break;
         case 'o': o->out_path = optarg; break;
         case OPT_SVG: o->svg_path = optarg; break;

@@ -100,6 +100,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddheap-prof: no process with pid %d\n", (int)p.opt.pid);
         return 1;
     }
+    pid_t tgid = p.opt.pid ? dd_prof_tgid_of(p.opt.pid) : 0;
+    if (tgid && tgid != p.opt.pid) {
+        /* A thread id (ps -L, top -H, gettid()): the heap is its process's. */
+        fprintf(stderr, "ddheap-prof: %d is a thread of process %d; profiling the process\n",
+                (int)p.opt.pid, (int)tgid);
+        p.opt.pid = tgid;
+    }
     dd_prof_record_signals();
     struct outputs files;
     dd_prof_open_outputs(&p.opt, &files);

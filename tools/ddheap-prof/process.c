@@ -341,6 +341,24 @@ bool dd_prof_reap_command(struct prof *p, int *status)
 }
 
 /* Gone, or a zombie: it allocates nothing any more either way. */
+/* The process a thread id belongs to: /proc/ID/status's Tgid (an id of
+ * a thread that is not its process's first resolves there too). 0 if it
+ * cannot be read. */
+pid_t dd_prof_tgid_of(pid_t id)
+{
+    char name[64], line[256];
+    snprintf(name, sizeof name, "/proc/%d/status", (int)id);
+    FILE *f = fopen(name, "re");
+    if (f == NULL)
+        return 0;
+    long tgid = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Tgid: %ld", &tgid) == 1)
+            break;
+    fclose(f);
+    return tgid > 0 && tgid <= INT_MAX ? (pid_t)tgid : 0;
+}
+
 bool dd_prof_process_gone(pid_t pid)
 {
     if (kill(pid, 0) != 0 && errno == ESRCH)
