@@ -340,7 +340,6 @@ bool dd_prof_reap_command(struct prof *p, int *status)
     return true;
 }
 
-/* Gone, or a zombie: it allocates nothing any more either way. */
 /* The process a thread id belongs to: /proc/ID/status's Tgid (an id of
  * a thread that is not its process's first resolves there too). 0 if it
  * cannot be read. */
@@ -359,6 +358,7 @@ pid_t dd_prof_tgid_of(pid_t id)
     return tgid > 0 && tgid <= INT_MAX ? (pid_t)tgid : 0;
 }
 
+/* Gone, or a zombie: it allocates nothing any more either way. */
 bool dd_prof_process_gone(pid_t pid)
 {
     if (kill(pid, 0) != 0 && errno == ESRCH)

@@ -141,6 +141,8 @@ bool dd_prof_reap_command(struct prof *p, int *status);
 /* The process's environment as execve wants it (NULL-terminated, its
  * strings in *buf_out); NULL if it cannot be read. Free both. */
 char **dd_prof_environment_of(pid_t pid, char **buf_out);
+/* The process thread `id` belongs to (id itself for a process's first
+ * thread); 0 if /proc does not say. */
 pid_t dd_prof_tgid_of(pid_t id);
 bool dd_prof_process_gone(pid_t pid);
 /* The mean sampling interval the process runs with, as its environment
