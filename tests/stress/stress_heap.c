@@ -63,6 +63,29 @@ extern char **environ;
 #define MAX_THREADS 16
 #define SLOTS 128
 #define HANDOFF 64
+/* AddressSanitizer counts a quarantined block by the bytes asked for, but
+ * a block with a large alignment holds a mapping of up to twice that
+ * alignment. With the default 256 MiB quarantine of --pool's small blocks,
+ * freed blocks kept some 20 to 30 GiB of such mappings, adjacent ones
+ * merged into one VMA, and fork() failed with ENOMEM once that VMA was
+ * larger than RAM (the kernel's overcommit heuristic): on a quiet machine
+ * the run gets there before its fork. 32 MiB keeps them to a few GiB. The
+ * environment's ASAN_OPTIONS still wins, flag by flag. */
+#if defined(__SANITIZE_ADDRESS__)
+#define DDHEAP_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DDHEAP_TEST_ASAN 1
+#endif
+#endif
+#ifdef DDHEAP_TEST_ASAN
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+    return "quarantine_size_mb=32";
+}
+#endif
+
 #define MAX_ALIGN_SHIFT 21 /* 2 MiB */
 #define MAX_SIZE (8u << 20)
 
