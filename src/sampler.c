@@ -223,12 +223,24 @@ request_at_sample_point(struct ddheap__thread *t, size_t size, size_t alignment)
     return with_mark_room(size, alignment, weight);
 }
 
+/* Whether the thread can mark without asking anything first (pointer tags:
+ * once the kernel said yes; the other schemes: always). */
+static inline bool thread_marks_already(const struct ddheap__thread *t)
+{
+#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
+    return t->tagging == DDHEAP_TAGGING_ON;
+#else
+    (void)t;
+    return true;
+#endif
+}
+
 /* Whether the thread can mark blocks; a thread that cannot never samples
  * (its countdown is parked at the maximum). */
 static inline bool thread_can_mark(struct ddheap__thread *t)
 {
 #if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
-    if (DDHEAP__LIKELY(t->tagging == DDHEAP_TAGGING_ON))
+    if (DDHEAP__LIKELY(thread_marks_already(t)))
         return true;
     t->busy++;
     int saved_errno = errno; /* a thread's first readiness check calls prctl */
@@ -299,18 +311,6 @@ request_with_new_config(struct ddheap__thread *t, size_t size, size_t alignment)
 #else
 #define DDHEAP_FRAMELESS_TAIL
 #endif
-
-/* Whether the thread can mark without asking anything first (pointer tags:
- * once the kernel said yes; the other schemes: always). */
-static inline bool thread_marks_already(const struct ddheap__thread *t)
-{
-#if DDHEAP_LIVE_HEAP && DDHEAP_MARK_TBI
-    return t->tagging == DDHEAP_TAGGING_ON;
-#else
-    (void)t;
-    return true;
-#endif
-}
 
 /* Every case ddheap__sample_request does not decide inline: a reentered
  * call (a signal handler), a configuration to adopt, R > 1's floating
