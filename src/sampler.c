@@ -27,10 +27,14 @@
  * on the same thread (a signal handler that allocates) passes through
  * unsampled.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, getpid, pthread_atfork in strict C11 */
 #include "internal.h"
 #include "mark.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 
 __thread struct ddheap__thread ddheap__thread_state __attribute__((tls_model(DDHEAP__TLS_MODEL)));
 
@@ -45,6 +49,11 @@ static struct {
 } config = {.epoch = 1}; /* a new thread's epoch, 0, never matches it */
 
 static uint64_t thread_counter;
+
+/* Mixed into the seed of every thread this process starts; drawn anew in
+ * each forked child (fresh_draw_in_child), so that the threads siblings
+ * start are not seeded alike. 0 in the first process. */
+static uint64_t process_salt;
 
 static void read_config_once(void)
 {
@@ -80,21 +89,28 @@ void ddheap_process_init(void)
     errno = saved;
 }
 
+static void register_fork_handlers(void);
+
 /* Before main, for everything loaded at start-up; dlopen'ed copies run it
  * at load. An allocation that comes earlier still initialises on demand. */
 __attribute__((constructor)) static void ddheap_constructor(void)
 {
     ddheap_process_init();
+    register_fork_handlers();
 }
 
 /* splitmix64: a 64-bit state walked by a Weyl sequence and hashed; every
  * state is valid and the output passes BigCrush. */
-static uint64_t next_random(struct ddheap__thread *t)
+static uint64_t mix64(uint64_t z)
 {
-    uint64_t z = (t->rng += UINT64_C(0x9e3779b97f4a7c15));
     z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
     z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
     return z ^ (z >> 31);
+}
+
+static uint64_t next_random(struct ddheap__thread *t)
+{
+    return mix64(t->rng += UINT64_C(0x9e3779b97f4a7c15));
 }
 
 static uint64_t draw_countdown(struct ddheap__thread *t, uint64_t mean)
@@ -142,7 +158,7 @@ __attribute__((noinline)) static void adopt_config(struct ddheap__thread *t)
     if (t->mean == 0) {
         uint64_t n = __atomic_add_fetch(&thread_counter, 1, __ATOMIC_RELAXED);
         t->rng = ddheap_process_secret(3) ^ ((uintptr_t)t * UINT64_C(0x9e3779b97f4a7c15)) ^
-                 (n << 32);
+                 (n << 32) ^ __atomic_load_n(&process_salt, __ATOMIC_RELAXED);
     }
     t->epoch = epoch;
     if (!__atomic_load_n(&config.enabled, __ATOMIC_RELAXED)) {
@@ -152,6 +168,67 @@ __attribute__((noinline)) static void adopt_config(struct ddheap__thread *t)
     }
     t->mean = effective_interval();
     t->countdown = draw_countdown(t, t->mean);
+}
+
+/*
+ * Fork (docs/design.md, "Many processes"). The child's one thread is a
+ * copy of the forking thread: the same countdown and the same generator
+ * state, so siblings would take the same sample points and the error of a
+ * sum over them would not shrink with their number. The child draws a
+ * fresh countdown from a freshly seeded generator instead. Memorylessness
+ * makes that exact: the bytes after a fresh draw start a new Poisson
+ * process, whatever the old countdown had left, so every weight (computed
+ * with the mean stored beside the countdown, kept) stays unbiased.
+ *
+ * The new seed mixes the parent's state, the number of the fork in the
+ * parent, and, unless a test fixed the thread's seed (then a run must be
+ * repeatable, and the fork number alone tells siblings apart), the
+ * child's pid and the monotonic clock: AT_RANDOM, the process secret and
+ * the thread's address are all inherited, so only these differ.
+ *
+ * Each copy of the library in a process has its own thread state and
+ * registers its own handlers, from its constructor: pthread_atfork may
+ * allocate, so never from inside malloc. The child handler runs after
+ * fork returns in the child, outside any allocator call unless fork was
+ * called from a signal handler that interrupted one: it then rewrites the
+ * countdown the interrupted fast path is about to store, which costs at
+ * most one sample's independence, never a wrong weight (the mean stays).
+ * It takes no lock and allocates nothing; clock_gettime and getpid were
+ * bound by ddheap_process_init.
+ */
+static uint64_t forks_started;
+
+static void count_fork(void)
+{
+    __atomic_add_fetch(&forks_started, 1, __ATOMIC_RELAXED);
+}
+
+static void fresh_draw_in_child(void)
+{
+    int saved_errno = errno;
+    struct ddheap__thread *t = &ddheap__thread_state;
+    uint64_t entropy = mix64(__atomic_load_n(&forks_started, __ATOMIC_RELAXED) *
+                             UINT64_C(0x9e3779b97f4a7c15));
+    if (!t->seed_fixed) {
+        struct timespec ts = {0, 0};
+        (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t now = (uint64_t)ts.tv_sec * UINT64_C(1000000000) + (uint64_t)ts.tv_nsec;
+        entropy ^= mix64(((uint64_t)getpid() << 32) ^ now);
+    }
+    __atomic_store_n(&process_salt, mix64(process_salt ^ entropy), __ATOMIC_RELAXED);
+    if (t->mean != 0) { /* the thread had a generator: reseed it */
+        t->rng = mix64(t->rng ^ entropy);
+        if (t->mean != UINT64_MAX) /* not parked (sampling disabled) */
+            t->countdown = draw_countdown(t, t->mean);
+    }
+    errno = saved_errno;
+}
+
+static void register_fork_handlers(void)
+{
+    /* Fails only for lack of memory: children then sample like their
+     * parent, as before. */
+    (void)pthread_atfork(count_fork, NULL, fresh_draw_in_child);
 }
 
 /* A sample point fell inside a block of `size` bytes, with R > 1: its
@@ -510,6 +587,7 @@ void ddheap_test_seed_thread(uint64_t seed)
     struct ddheap__thread *t = &ddheap__thread_state;
     adopt_config(t);
     t->rng = seed;
+    t->seed_fixed = 1;
     if (__atomic_load_n(&config.enabled, __ATOMIC_RELAXED))
         t->countdown = draw_countdown(t, t->mean);
 }

@@ -34,7 +34,7 @@ struct ddheap__thread {
     uint32_t epoch;     /* interval setting this thread last adopted */
     uint16_t busy;      /* reentry guard: non-zero inside the cold path */
     uint8_t tagging;    /* aarch64 TBI: enum ddheap__tagging in src/ */
-    uint8_t unused;
+    uint8_t seed_fixed; /* the generator was seeded by ddheap_test_seed_thread */
 };
 
 /* The TLS access model of the countdown decides the cost of every traced
