@@ -59,6 +59,10 @@ static void free_run(struct prof *p)
     free(p->procs);
     dd_prof_keys_free(&p->proc_ids);
     dd_prof_table_free(&p->table);
+    free(p->exits);
+    for (size_t i = 0; i < p->ndeferred; i++)
+        free(p->deferred[i].frames);
+    free(p->deferred);
     free(p->links);
     free(p->attached);
     free(p->loader_hooked);

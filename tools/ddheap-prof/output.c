@@ -430,6 +430,7 @@ static int write_report(struct prof *p, FILE *f)
 
 static int write_all(struct prof *p, const struct outputs *f)
 {
+    dd_prof_apply_exits(p); /* those read after the loop (dd_prof_let_go) */
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
     uint64_t lost_proc = p->skel->bss->lost_proc;

@@ -320,6 +320,7 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
         break;
     case DD_PROF_EV_EXIT:
         proc->gone = true;
+        dd_prof_note_exit(p, proc->tgid, h->ts_ns);
         break;
     default:
         break;
