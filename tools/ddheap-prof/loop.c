@@ -79,12 +79,6 @@ static uint32_t frames_of(struct prof *p, struct dd_prof_proc *proc,
     if (a->kind == DD_PROF_STACK_COPY) {
         if (proc == NULL || p->opt.unwind_fp)
             return 0;
-        if (proc->unwinder == NULL &&
-            (proc->unwinder = dd_prof_unwinder_new(proc->tgid, &p->unwind_stats,
-                                                   rescan_for_unwinder, p)) == NULL) {
-            p->oom = true;
-            return 0;
-        }
         /* __u64 is unsigned long long, uint64_t unsigned long here: copy
          * rather than read one through the other. */
         uint64_t regs[4];
@@ -92,7 +86,11 @@ static uint32_t frames_of(struct prof *p, struct dd_prof_proc *proc,
             regs[i] = a->regs[i];
         struct dd_prof_stack_copy copy = {
             .regs = regs, .data = a->data, .len = len, .wanted = a->wanted};
-        return dd_prof_unwind(proc->unwinder, &proc->objs, &copy, frames, DD_PROF_MAX_FRAMES);
+        uint32_t n = dd_prof_unwind(&proc->unwinder, proc->tgid, &proc->objs, &copy, frames,
+                                    DD_PROF_MAX_FRAMES);
+        if (n == 0)
+            p->oom = true;
+        return n;
     }
     uint32_t n = (uint32_t)(len / sizeof(uint64_t));
     if (n > DD_PROF_MAX_FRAMES)
@@ -297,6 +295,7 @@ int64_t dd_prof_now_ns(clockid_t clock)
 int dd_prof_setup_bpf(struct prof *p)
 {
     libbpf_set_print(p->opt.verbose ? libbpf_all : libbpf_quiet);
+    dd_prof_unwind_setup(&p->unwind_stats, rescan_for_unwinder, p);
     p->skel = ddheap_prof_bpf__open();
     if (p->skel == NULL) {
         fprintf(stderr, "ddheap-prof: cannot open the BPF object: %s\n", strerror(errno));
@@ -380,9 +379,10 @@ void dd_prof_teardown_bpf(struct prof *p)
                 st->stacks ? (double)st->frames / (double)st->stacks : 0.0,
                 st->stacks ? (double)st->ns / 1e3 / (double)st->stacks : 0.0);
     for (size_t i = 0; i < p->proc_ids.n; i++) {
-        dd_prof_unwinder_free(p->procs[i].unwinder);
+        dd_prof_unwinder_release(p->procs[i].unwinder);
         p->procs[i].unwinder = NULL;
     }
+    dd_prof_unwinders_free();
     for (size_t i = 0; i < sizeof p->tracepoint_links / sizeof *p->tracepoint_links; i++)
         bpf_link__destroy(p->tracepoint_links[i]);
     ring_buffer__free(p->rb);
@@ -399,7 +399,7 @@ static void end_sessions_of_gone(struct prof *p)
 {
     for (size_t i = 0; i < p->proc_ids.n; i++) {
         if (p->procs[i].gone && p->procs[i].unwinder) {
-            dd_prof_unwinder_free(p->procs[i].unwinder);
+            dd_prof_unwinder_release(p->procs[i].unwinder);
             p->procs[i].unwinder = NULL;
         }
     }

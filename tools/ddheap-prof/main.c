@@ -57,6 +57,7 @@ static void free_run(struct prof *p)
         free(p->procs[i].name);
     }
     free(p->procs);
+    dd_prof_files_free();
     dd_prof_keys_free(&p->proc_ids);
     dd_prof_table_free(&p->table);
     free(p->exits);

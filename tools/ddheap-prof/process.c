@@ -249,7 +249,7 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc)
     if (proc->samples == 0)
         dd_prof_objects_free(&proc->objs);
     /* Its unwinding session knew the old image's modules. */
-    dd_prof_unwinder_free(proc->unwinder);
+    dd_prof_unwinder_release(proc->unwinder);
     proc->unwinder = NULL;
     set_name(proc);
     bool ours = p->child && proc->tgid == p->pid;
@@ -292,7 +292,7 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
          * ring buffers are read one after the other.) */
         uint64_t samples = proc->samples;
         dd_prof_objects_free(&proc->objs);
-        dd_prof_unwinder_free(proc->unwinder); /* built from the objects just freed */
+        dd_prof_unwinder_release(proc->unwinder); /* built from the objects just freed */
         free(proc->name);
         *proc = (struct dd_prof_proc){.tgid = (pid_t)h->tgid, .parent = (pid_t)h->ptr,
                                       .samples = samples};
