@@ -249,6 +249,16 @@ static int on_event(void *ctx, void *data, size_t size)
         const struct dd_prof_alloc_event *a = data;
         /* (Found before the unwinding, whose rescan adds no process.) */
         struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)h->tgid);
+        if (proc != NULL && !proc->known) {
+            /* A process forked while this read goes on (a long one, of
+             * many stacks) sends its allocations, and may exit, before
+             * its fork event is read: read the process events now, so it
+             * has its parent's objects (its maps may be gone already).
+             * Once per process. */
+            proc->known = true;
+            ring_buffer__consume(p->proc_rb);
+            proc = dd_prof_proc_of(p, (pid_t)h->tgid); /* the array may have moved */
+        }
         if (proc == NULL) {
             p->oom = true;
             return 0;
@@ -319,7 +329,11 @@ int dd_prof_setup_bpf(struct prof *p)
      * allocations of the child it made. */
     p->rb = ring_buffer__new(bpf_map__fd(p->skel->maps.proc_events), dd_prof_on_proc_event, p,
                              NULL);
-    if (p->rb == NULL ||
+    /* Both share the process events' consumer position (in the ring's
+     * own page): what one reads, the other does not read again. */
+    p->proc_rb = ring_buffer__new(bpf_map__fd(p->skel->maps.proc_events), dd_prof_on_proc_event,
+                                  p, NULL);
+    if (p->rb == NULL || p->proc_rb == NULL ||
         ring_buffer__add(p->rb, bpf_map__fd(p->skel->maps.events), on_event, p) != 0) {
         fprintf(stderr, "ddheap-prof: cannot open the ring buffer: %s\n", strerror(errno));
         return -1;
@@ -379,13 +393,14 @@ void dd_prof_teardown_bpf(struct prof *p)
                 st->stacks ? (double)st->frames / (double)st->stacks : 0.0,
                 st->stacks ? (double)st->ns / 1e3 / (double)st->stacks : 0.0);
     for (size_t i = 0; i < p->proc_ids.n; i++) {
-        dd_prof_unwinder_release(p->procs[i].unwinder);
-        p->procs[i].unwinder = NULL;
+        dd_prof_unwinder_release(p->procs[i].unwinder.session);
+        p->procs[i].unwinder.session = NULL;
     }
     dd_prof_unwinders_free();
     for (size_t i = 0; i < sizeof p->tracepoint_links / sizeof *p->tracepoint_links; i++)
         bpf_link__destroy(p->tracepoint_links[i]);
     ring_buffer__free(p->rb);
+    ring_buffer__free(p->proc_rb);
     ddheap_prof_bpf__destroy(p->skel);
 }
 
@@ -398,9 +413,9 @@ void dd_prof_teardown_bpf(struct prof *p)
 static void end_sessions_of_gone(struct prof *p)
 {
     for (size_t i = 0; i < p->proc_ids.n; i++) {
-        if (p->procs[i].gone && p->procs[i].unwinder) {
-            dd_prof_unwinder_release(p->procs[i].unwinder);
-            p->procs[i].unwinder = NULL;
+        if (p->procs[i].gone && p->procs[i].unwinder.session) {
+            dd_prof_unwinder_release(p->procs[i].unwinder.session);
+            p->procs[i].unwinder.session = NULL;
         }
     }
 }

@@ -70,11 +70,15 @@ struct dd_prof_proc {
     uint64_t samples; /* alloc events from it */
     bool gone;     /* exited: nothing more to scan */
     bool exit_applied; /* its blocks have left the table's live heap */
+    /* Its fork or exec was read, or the process events were read again
+     * for it (loop.c): its objects are what the reader can know. */
+    bool known;
     struct dd_prof_objects objs;
-    /* Its DWARF unwinding session, built from objs on its first copied
-     * stack; freed at its exec and fork (objs replaced) and once it is
-     * gone and its events read (loop.c). NULL with --unwind=fp. */
-    struct dd_prof_unwinder *unwinder;
+    /* Its DWARF unwinding session (shared with the processes whose
+     * objects are the same), taken for objs at its first copied stack;
+     * released at its exec and fork (objs replaced) and once it is gone
+     * and its events read (loop.c). None with --unwind=fp. */
+    struct dd_prof_unwind_hold unwinder;
 };
 
 struct prof {
@@ -86,6 +90,9 @@ struct prof {
     bool loader_stop_pending; /* it will stop when its loader has mapped */
     struct ddheap_prof_bpf *skel;
     struct ring_buffer *rb;
+    /* The process events alone, read from within an allocation's handler
+     * when it comes from a process whose fork has not been read yet. */
+    struct ring_buffer *proc_rb;
     /* The processes seen, by tgid: procs[i] is the one of key i. */
     struct dd_prof_keys proc_ids;
     struct dd_prof_proc *procs;

@@ -51,7 +51,6 @@ struct dd_prof_unwinder {
     Dwfl *dwfl;     /* NULL until needed, and after the bound freed it */
     unsigned fds;   /* descriptors its modules hold */
     pid_t pid;      /* the id its thread state was attached with */
-    int64_t last_rescan_ns;
     /* The stack being unwound. */
     const struct dd_prof_objects *objs;
     const struct dd_prof_stack_copy *copy;
@@ -410,14 +409,14 @@ static void walk(struct dd_prof_unwinder *u)
         dwfl_getthread_frames(u->dwfl, u->pid, on_frame, u);
 }
 
-uint32_t dd_prof_unwind(struct dd_prof_unwinder **held, pid_t pid,
+uint32_t dd_prof_unwind(struct dd_prof_unwind_hold *hold, pid_t pid,
                         const struct dd_prof_objects *objs,
                         const struct dd_prof_stack_copy *copy, uint64_t *frames, uint32_t max)
 {
     int64_t t0 = monotonic_ns();
     if (max < 2)
         return 0;
-    struct dd_prof_unwinder *u = *held = fit(*held, pid, objs);
+    struct dd_prof_unwinder *u = hold->session = fit(hold->session, pid, objs);
     if (u == NULL)
         return 0;
     u->objs = objs;
@@ -430,10 +429,10 @@ uint32_t dd_prof_unwind(struct dd_prof_unwinder **held, pid_t pid,
      * attaching to any new object with probes) and the walk is retried,
      * with the session of its grown list. */
     uint64_t last = u->n_frames ? frames[u->n_frames - 1] : copy->regs[DD_PROF_REG_PC];
-    if (dd_prof_objects_find(objs, last) == NULL && t0 - u->last_rescan_ns > RESCAN_NS) {
-        u->last_rescan_ns = t0;
+    if (dd_prof_objects_find(objs, last) == NULL && t0 - hold->last_rescan_ns > RESCAN_NS) {
+        hold->last_rescan_ns = t0;
         if (rescan(rescan_arg, pid)) {
-            if ((u = *held = fit(u, pid, objs)) == NULL)
+            if ((u = hold->session = fit(u, pid, objs)) == NULL)
                 return 0;
             u->objs = objs;
             u->copy = copy;

@@ -58,12 +58,21 @@ typedef bool dd_prof_rescan_fn(void *arg, pid_t pid);
  * frame in no object. Call once, before the first unwind. */
 void dd_prof_unwind_setup(struct dd_prof_unwind_stats *stats, dd_prof_rescan_fn *rescan,
                           void *rescan_arg);
+/* What a process keeps of its unwinding (zeroed at first). */
+struct dd_prof_unwind_hold {
+    struct dd_prof_unwinder *session; /* NULL until its first stack */
+    /* When its maps were last rescanned for a frame in no object (at most
+     * every 20 ms: per process, as a process whose objects are not read
+     * yet shares the session of the empty list with others). */
+    int64_t last_rescan_ns;
+};
+
 /* Unwinds one stack of process pid, whose objects are objs (rescan adds to
- * them), with the session *held (replaced by the one that fits objs, the
- * old one released). Fills frames (innermost first: the probe site, then
- * return addresses) and returns how many; at most max, the last possibly
- * DD_PROF_TRUNCATED_FRAME; 0 when out of memory. */
-uint32_t dd_prof_unwind(struct dd_prof_unwinder **held, pid_t pid,
+ * them), with the session it holds (replaced by the one that fits objs,
+ * the old one released). Fills frames (innermost first: the probe site,
+ * then return addresses) and returns how many; at most max, the last
+ * possibly DD_PROF_TRUNCATED_FRAME; 0 when out of memory. */
+uint32_t dd_prof_unwind(struct dd_prof_unwind_hold *hold, pid_t pid,
                         const struct dd_prof_objects *objs,
                         const struct dd_prof_stack_copy *copy, uint64_t *frames, uint32_t max);
 /* A process lets its session go (NULL: nothing). */
