@@ -1,8 +1,9 @@
 /*
- * Reading /proc/PID/maps into dd_prof_objects (objects.h), and what
- * ddheap-prof needs from an object's ELF headers: whether its
- * .note.stapsdt carries the probes, its GNU build id, and, for glibc's
- * dynamic loader, where its debugger hook is.
+ * Reading /proc/PID/maps into dd_prof_objects (objects.h); the files they
+ * load, each opened and read once for the whole run, their descriptors
+ * within a bound; and what ddheap-prof needs from an object's ELF
+ * headers: whether its .note.stapsdt carries the probes, its GNU build
+ * id, and, for glibc's dynamic loader, where its debugger hook is.
  */
 #include "objects.h"
 
