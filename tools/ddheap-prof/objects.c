@@ -303,10 +303,14 @@ static struct dd_prof_file *file_of(pid_t pid, const char *path, uint64_t dev, u
     }
     if (!f->elf && !f->not_elf) {
         int fd = open_mapped(pid, path, start, end);
-        if (fd >= 0)
+        if (fd >= 0) {
             read_file(f, fd);
-        else
+            /* A session made while it could not be opened names nothing. */
+            if (f->elf && release_built_on)
+                release_built_on(f);
+        } else {
             dd_prof_file_failed(f, "cannot open", strerror(errno));
+        }
     }
     return f;
 }
