@@ -137,6 +137,12 @@ static size_t nfiles, files_cap;
 static size_t nopen;           /* files with a descriptor open */
 static uint64_t use_clock;
 static void (*release_built_on)(struct dd_prof_file *f);
+static uint64_t generation;
+
+uint64_t dd_prof_files_generation(void)
+{
+    return generation;
+}
 
 void dd_prof_files_on_close(void (*release)(struct dd_prof_file *f))
 {
@@ -308,6 +314,8 @@ static struct dd_prof_file *file_of(pid_t pid, const char *path, uint64_t dev, u
             /* A session made while it could not be opened names nothing. */
             if (f->elf && release_built_on)
                 release_built_on(f);
+            if (f->elf && f->why[0] != '\0')
+                generation++;
         } else {
             dd_prof_file_failed(f, "cannot open", strerror(errno));
         }

@@ -56,6 +56,10 @@ unsigned dd_prof_fd_budget(void);
 /* Says on out what could not be read, and how much that cost (nothing if
  * all went well); returns the number of files that failed. */
 unsigned dd_prof_files_report(FILE *out);
+/* Counts the files that could be read only at a later try (an open that
+ * failed for want of descriptors): a session built without one of them
+ * is built again when this has changed. */
+uint64_t dd_prof_files_generation(void);
 /* Every file: the number of distinct ones seen. */
 size_t dd_prof_files_count(void);
 void dd_prof_files_free(void);

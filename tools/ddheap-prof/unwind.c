@@ -50,6 +50,8 @@ struct dd_prof_unwinder {
     uint64_t last_use;
     Dwfl *dwfl;     /* NULL until needed, and after the bound freed it */
     unsigned fds;   /* descriptors its modules hold */
+    bool partial;   /* some module could not be reported ... */
+    uint64_t files_generation; /* ... as the files were then (objects.h) */
     pid_t pid;      /* the id its thread state was attached with */
     /* The stack being unwound. */
     const struct dd_prof_objects *objs;
@@ -246,6 +248,14 @@ static void build(struct dd_prof_unwinder *u)
             report_object(u, i);
     }
     dwfl_report_end(u->dwfl, NULL, NULL);
+    u->files_generation = dd_prof_files_generation();
+    u->partial = false;
+    for (size_t i = 0; i < u->n; i++) {
+        bool hidden = false;
+        for (size_t j = i + 1; j < u->n && !hidden; j++)
+            hidden = overlap(&u->objs->v[i], &u->objs->v[j]);
+        u->partial |= !hidden && !u->layout[i].reported;
+    }
     /* The architecture comes from the modules' ELF headers. */
     if (!dwfl_attach_state(u->dwfl, NULL, u->pid, &thread_callbacks, u))
         drop_dwfl(u);
@@ -403,7 +413,8 @@ static void walk(struct dd_prof_unwinder *u)
     u->too_deep = false;
     u->read_past_copy = false;
     u->last_use = ++use_clock;
-    if (u->dwfl == NULL)
+    if (u->dwfl == NULL ||
+        (u->partial && u->files_generation != dd_prof_files_generation()))
         build(u);
     if (u->dwfl != NULL)
         dwfl_getthread_frames(u->dwfl, u->pid, on_frame, u);
