@@ -390,7 +390,7 @@ static struct dd_prof_object *add_object(struct dd_prof_objects *objs, pid_t pid
     o->file = f;
     o->bias = start - f->link_base;
     o->probes = f->probes;
-    memcpy(o->build_id, f->build_id, sizeof o->build_id);
+    o->build_id = f->build_id;
     objs->n++;
     return o;
 }

@@ -73,7 +73,7 @@ struct dd_prof_object {
     uint64_t map_start, map_end; /* its first mapping: /proc/PID/map_files/START-END */
     uint64_t exec_start, exec_end, exec_offset; /* its executable mapping, if seen */
     struct dd_prof_file *file; /* shared with every load of the same file */
-    char build_id[129]; /* hex, "" if none */
+    const char *build_id; /* its file's, hex, "" if none */
     unsigned probes;   /* DD_PROF_HAS_ALLOC | DD_PROF_HAS_FREE of the provider */
     bool attached;
 };
