@@ -136,7 +136,7 @@ static struct dd_prof_file **files;
 static size_t nfiles, files_cap;
 static size_t nopen;           /* files with a descriptor open */
 static uint64_t use_clock;
-static void (*release_built_on)(struct dd_prof_file *f);
+static void (*release_built_on)(struct dd_prof_file *f, bool for_good);
 static uint64_t generation;
 
 uint64_t dd_prof_files_generation(void)
@@ -144,7 +144,7 @@ uint64_t dd_prof_files_generation(void)
     return generation;
 }
 
-void dd_prof_files_on_close(void (*release)(struct dd_prof_file *f))
+void dd_prof_files_on_close(void (*release)(struct dd_prof_file *f, bool for_good))
 {
     release_built_on = release;
 }
@@ -175,10 +175,10 @@ void dd_prof_file_failed(struct dd_prof_file *f, const char *what, const char *w
         snprintf(f->why, sizeof f->why, "%s: %s", what, why);
 }
 
-static void close_file(struct dd_prof_file *f)
+static void close_file(struct dd_prof_file *f, bool for_good)
 {
     if (release_built_on)
-        release_built_on(f);
+        release_built_on(f, for_good);
     if (f->fd >= 0) {
         close(f->fd);
         f->fd = -1;
@@ -197,7 +197,7 @@ static void make_room(void)
                 lru = files[i];
         if (lru == NULL)
             return;
-        close_file(lru);
+        close_file(lru, false);
     }
 }
 
@@ -313,7 +313,7 @@ static struct dd_prof_file *file_of(pid_t pid, const char *path, uint64_t dev, u
             read_file(f, fd);
             /* A session made while it could not be opened names nothing. */
             if (f->elf && release_built_on)
-                release_built_on(f);
+                release_built_on(f, true);
             if (f->elf && f->why[0] != '\0')
                 generation++;
         } else {
@@ -341,7 +341,7 @@ unsigned dd_prof_files_report(FILE *out)
 void dd_prof_files_free(void)
 {
     for (size_t i = 0; i < nfiles; i++) {
-        close_file(files[i]);
+        close_file(files[i], true);
         free(files[i]->path);
         free(files[i]);
     }

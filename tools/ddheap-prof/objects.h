@@ -46,9 +46,11 @@ struct dd_prof_file {
 int dd_prof_file_fd(struct dd_prof_file *f);
 /* Records why something failed with f (the first reason is kept). */
 void dd_prof_file_failed(struct dd_prof_file *f, const char *what, const char *why);
-/* Called before a file's descriptor is closed to stay in bounds: frees
- * what was built on it (symbolize.c registers its sessions' release). */
-void dd_prof_files_on_close(void (*release)(struct dd_prof_file *f));
+/* Called before a file's descriptor is closed: to stay in bounds (what
+ * was built on it gives up its descriptors, keeping what it learnt), or
+ * for good (a file opened at a later try, the end of the run: all of it
+ * goes). symbolize.c registers its sessions' release. */
+void dd_prof_files_on_close(void (*release)(struct dd_prof_file *f, bool for_good));
 /* How many descriptors ddheap-prof's files and the sessions built on them
  * may hold, from RLIMIT_NOFILE (a quarter of it for the files and their
  * symbolisation, half for unwinding sessions, a quarter left to the rest). */

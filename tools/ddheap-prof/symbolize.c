@@ -7,11 +7,14 @@
  * cannot collide, the object of an address is chosen by our own mapping
  * record, not by dwfl, and a forking server's thousand copies of libc
  * cost one session. Each session remembers what it said of every address
- * (the same stacks come from every worker), and lives until the file's
- * descriptor is closed (the bound, or the end of the run).
+ * (the same stacks come from every worker), in strings of its own: when
+ * the descriptor bound closes the file, its libdwfl state goes and what it
+ * learnt stays (a server with more files than the bound holds would
+ * otherwise parse them again and again).
  */
 #include "symbolize.h"
 
+#include "intern.h"
 #include "unwind.h"
 
 #include <dwarf.h>
@@ -31,11 +34,16 @@ struct memo {
     struct dd_prof_frame frame;
 };
 
+/* A file's symbolisation: its libdwfl state, opened at the first address
+ * not remembered and closed when the file's descriptor is (the bound),
+ * and what it resolved, which outlives that (its strings are copies). */
 struct file_session {
     Dwfl *dwfl;
     Dwfl_Module *mod; /* NULL if the file could not be read */
+    bool opened;      /* dwfl opened (or tried) since the last close */
     char **names; /* strings made here ("lib.so+0x..."), freed with the session */
     size_t nnames, names_cap;
+    struct dd_prof_strings kept; /* every string of the remembered frames */
     struct memo *memo;
     size_t nmemo, memo_cap;
 };
@@ -65,43 +73,59 @@ struct dd_prof_symbolizer *dd_prof_symbolizer_new(const struct dd_prof_objects *
     return s;
 }
 
-static void release_session(struct dd_prof_file *f)
+static void close_dwfl(struct file_session *fs)
+{
+    if (fs->dwfl)
+        dwfl_end(fs->dwfl);
+    fs->dwfl = NULL;
+    fs->mod = NULL;
+    fs->opened = false;
+}
+
+static void release_session(struct dd_prof_file *f, bool for_good)
 {
     struct file_session *fs = f->sym;
     if (fs == NULL)
         return;
-    if (fs->dwfl)
-        dwfl_end(fs->dwfl);
+    close_dwfl(fs);
+    if (!for_good)
+        return;
     for (size_t i = 0; i < fs->nnames; i++)
         free(fs->names[i]);
     free(fs->names);
+    dd_prof_strings_free(&fs->kept);
     free(fs->memo);
     free(fs);
     f->sym = NULL;
 }
 
-/* The file's session, opened on first use (its module NULL if the file
- * cannot be read as ELF: the reason is recorded with the file); NULL only
- * when out of memory. */
+/* The file's session (what it remembers); NULL only when out of memory. */
 static struct file_session *session_of(struct dd_prof_file *f)
 {
-    if (f->sym)
-        return f->sym;
-    dd_prof_files_on_close(release_session);
-    struct file_session *fs = calloc(1, sizeof *fs);
-    if (fs == NULL)
-        return NULL;
-    f->sym = fs;
+    if (f->sym == NULL) {
+        dd_prof_files_on_close(release_session);
+        f->sym = calloc(1, sizeof(struct file_session));
+    }
+    return f->sym;
+}
+
+/* The file's module, its libdwfl state opened if it is not (NULL if the
+ * file cannot be read as ELF: the reason is recorded with the file). */
+static Dwfl_Module *module_of(struct dd_prof_file *f, struct file_session *fs)
+{
+    if (fs->opened)
+        return fs->mod;
+    fs->opened = true;
     int fd = dd_prof_file_fd(f);
     if (fd < 0)
-        return fs;
+        return NULL;
     fs->dwfl = dwfl_begin(&callbacks);
     /* dwfl owns the descriptor it is given: a copy, so the file keeps
      * its own. */
     int copy = fs->dwfl ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (copy < 0) {
         dd_prof_file_failed(f, "cannot open a symbolisation session", strerror(errno));
-        return fs;
+        return NULL;
     }
     dwfl_report_begin(fs->dwfl);
     /* Base 0, add_p_vaddr: the module is at its link-time addresses. */
@@ -111,7 +135,16 @@ static struct file_session *session_of(struct dd_prof_file *f)
         dd_prof_file_failed(f, "libdwfl cannot read it", dwfl_errmsg(-1));
         close(copy);
     }
-    return fs;
+    return fs->mod;
+}
+
+/* A copy of str that lives as long as the session; NULL stays NULL. */
+static const char *kept(struct file_session *fs, const char *str)
+{
+    if (str == NULL)
+        return NULL;
+    long i = dd_prof_strings_intern(&fs->kept, str);
+    return i < 0 ? "[unknown]" : fs->kept.v[i];
 }
 
 static const char *keep_name(struct file_session *s, char *name)
@@ -199,7 +232,7 @@ static unsigned inlined_at(Dwfl_Module *mod, Dwarf_Addr at, struct dd_prof_frame
 static void resolve(struct dd_prof_file *f, struct file_session *fs, uint64_t at,
                     struct dd_prof_frame *out)
 {
-    Dwfl_Module *mod = fs->mod;
+    Dwfl_Module *mod = module_of(f, fs);
     unsigned k = mod ? inlined_at(mod, at, out) : 0;
     out->n = k + 1;
     /* The code at the address: its own line, whichever function it is. */
@@ -226,6 +259,11 @@ static void resolve(struct dd_prof_file *f, struct file_session *fs, uint64_t at
         name = keep_name(fs, made);
     }
     out->fn[k].function = name;
+    /* Remembered beyond the libdwfl state the strings come from. */
+    for (unsigned i = 0; i < out->n; i++) {
+        out->fn[i].function = kept(fs, out->fn[i].function);
+        out->fn[i].file = kept(fs, out->fn[i].file);
+    }
 }
 
 /* The remembered frame of at, or the empty slot where it goes (the table
