@@ -3,6 +3,8 @@
  * 'follow'): a parent that allocates, forks a child that allocates without
  * exec'ing, forks another that execs this program again as a child image
  * that allocates, waits for both, and exits with the status it was given.
+ * The forked child exits only after the exec'd one has: all three hold
+ * their blocks at once then, which is the peak.
  * Each process prints its pid and its site's truth (at DD_HEAP_SAMPLING_
  * INTERVAL=1 the profile must hold exactly that, under that pid).
  *
@@ -21,7 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Each site keeps its blocks: they are live in the profile at the end. */
+/* Each site keeps its blocks until its process exits. */
 #define SITE(name, size)                                                                      \
     __attribute__((noinline)) static void *name(unsigned count)                               \
     {                                                                                         \
@@ -74,20 +76,25 @@ int main(int argc, char **argv)
      * call to a trampoline page after its first hit, and a child forked
      * after that inherits the call but not the page (SIGSEGV at the
      * probe, with or without ddheap-prof following it). */
-    int go[2];
-    if (pipe(go) != 0)
+    int go[2], done[2];
+    if (pipe(go) != 0 || pipe(done) != 0)
         return 2;
     pid_t forked = fork();
     if (forked == 0) {
         char byte;
         close(go[1]);
+        close(done[1]);
         if (read(go[0], &byte, 1) != 1)
             _exit(2);
         void *mine = site_forked_child(count);
         print_site("site_forked_child", 2000, count);
+        /* Until the parent has seen the exec'd child exit (end of file). */
+        while (read(done[0], &byte, 1) > 0)
+            ;
         _exit(mine == NULL);
     }
     close(go[0]);
+    close(done[0]);
     void *kept = site_parent(count);
     print_site("site_parent", 1000, count);
     if (write(go[1], "g", 1) != 1)
@@ -99,8 +106,10 @@ int main(int argc, char **argv)
         _exit(127);
     }
     int st1 = 1, st2 = 1;
-    if (forked < 0 || execed < 0 || waitpid(forked, &st1, 0) != forked ||
-        waitpid(execed, &st2, 0) != execed || st1 != 0 || st2 != 0)
+    if (execed < 0 || waitpid(execed, &st2, 0) != execed)
+        return 2;
+    close(done[1]);
+    if (forked < 0 || waitpid(forked, &st1, 0) != forked || st1 != 0 || st2 != 0)
         return 2;
     return kept ? status : 2;
 }

@@ -67,9 +67,11 @@ def test_follow(c, prof, artifacts, extra):
     """A parent, a forked child and an exec'd child, at R = 1: every
     process's allocations are in the profile, exactly, under its own pid
     label; the parent's exit status 3 is ddheap-prof's, with the program
-    named. The peak (nothing is freed: the end) is that of the three
-    together, each under its pid, and the report names each site's pid.
-    --no-follow keeps the parent only."""
+    named. The peak (the three hold their blocks at once before the
+    children exit) is that of the three together, each under its pid; at
+    the end the children have exited and only the parent's blocks are
+    live; the report names each site's pid and what each child held at
+    its exit. --no-follow keeps the parent only."""
     (forker,) = extra
     pb = os.path.join(artifacts, "follow.pb.gz")
     peak = os.path.join(artifacts, "follow-peak.pb.gz")
@@ -96,11 +98,18 @@ def test_follow(c, prof, artifacts, extra):
     c.check(set(space) == set(truth), f"only those pids carry samples: {sorted(space)}")
     c.equal(per_pid(traces(peak, "inuse_space")), {pid: b for pid, (_, b, _) in truth.items()},
             "--peak: the peak of all the processes together, each under its pid label")
+    c.equal({pid: v for pid, v in per_pid(traces(pb, "inuse_space")).items() if v},
+            {pid: b for pid, (site, b, _) in truth.items() if site == "site_parent"},
+            "the end: the exited children's blocks are not live, the parent's are")
     with open(report) as f:
         text = f.read()
     c.check(f"processes: {len(truth)}" in text and
             all(f"[pid {pid}]" in text for pid in truth),
             f"--report: each site's process named ({sorted(truth)})")
+    for pid, (site, nbytes, _) in truth.items():
+        if site != "site_parent":
+            c.check(re.search(rf"^pid {pid} \(.*\): .* at exit$", text, re.M) is not None,
+                    f"--report: what {site} (pid {pid}) held at its exit is listed")
     # The parent's objects are read at its loader stop, and a forked child
     # has its parent's: their frames are named. (An exec'd grandchild that
     # lives a millisecond may end before its mappings are read.)

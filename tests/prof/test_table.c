@@ -4,7 +4,8 @@
  * bytes were highest, stacks touched after it keep their values at it;
  * a freed block's lifetime lands in its log2 bucket; the checkpoints give
  * a stack's live bytes at a fraction of the run and keep their spacing as
- * they are thinned.
+ * they are thinned; a process's exit takes its blocks, and only its, out
+ * of the live heap.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +31,50 @@ static void free_at(struct dd_prof_table *t, uint64_t ptr, uint64_t ts)
 {
     struct dd_prof_sample s = {.ptr = ptr, .ts_ns = ts};
     assert_int_equal(dd_prof_table_free_block(t, &s), 0);
+}
+
+static void alloc_by(struct dd_prof_table *t, uint32_t tgid, uint64_t ptr, uint64_t weight,
+                     uint64_t ts)
+{
+    struct dd_prof_sample s = {
+        .ptr = ptr, .size = weight, .weight = weight, .ts_ns = ts, .tgid = tgid};
+    assert_int_equal(dd_prof_table_alloc(t, &s, stack_b, 1), 0);
+}
+
+/* Workers one after another, each holding many blocks when it exits, next
+ * to a parent that lives on: the peak is one worker and the parent, never
+ * the dead ones summed; after an exit not one of its blocks is left (the
+ * removal runs through slots its own removals shift), the parent's all. */
+static void exit_takes_its_process_out(void **state)
+{
+    (void)state;
+    struct dd_prof_table t;
+    dd_prof_table_init(&t);
+    dd_prof_table_advance(&t, 1000);
+    uint64_t ts = 1001;
+    for (uint64_t i = 0; i < 100; i++)
+        alloc_by(&t, 1, 0x100000 + 64 * i, 10, ts++);
+    for (uint32_t worker = 2; worker < 12; worker++) {
+        for (uint64_t i = 0; i < 3000; i++) /* the same addresses in each */
+            alloc_by(&t, worker, 0x100000 + 64 * i, 1, ts++);
+        assert_true(t.live_space == 1000 + 3000);
+        assert_int_equal(dd_prof_table_process_exit(&t, worker, ts++), 3000);
+        assert_int_equal(t.nlive, 100);
+        assert_true(t.live_space == 1000);
+    }
+    assert_true(t.peak_space == 4000);
+    assert_true(t.exited_space == 30000 && t.exited_blocks == 30000);
+    /* Each worker's stack is its own: what it held at exit is there. */
+    for (size_t i = 0; i < t.nstacks; i++) {
+        const struct dd_prof_stack *st = &t.stacks[i];
+        assert_true(st->tgid == 1 ? st->inuse_space == 1000 && st->exit_blocks == 0
+                                  : st->inuse_space == 0 && st->exit_space == 3000);
+    }
+    /* A process with nothing live, or an exit read twice: nothing. */
+    assert_int_equal(dd_prof_table_process_exit(&t, 5, ts++), 0);
+    assert_int_equal(dd_prof_table_process_exit(&t, 99, ts++), 0);
+    assert_int_equal(t.nlive, 100);
+    dd_prof_table_free(&t);
 }
 
 static void peak_is_the_highest_state(void **state)
@@ -120,6 +165,7 @@ int main(void)
         cmocka_unit_test(peak_is_the_highest_state),
         cmocka_unit_test(lifetimes_in_log2_buckets),
         cmocka_unit_test(checkpoints_over_a_long_run),
+        cmocka_unit_test(exit_takes_its_process_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -158,7 +158,8 @@ static bool hook_loader(struct prof *p, pid_t pid, const struct dd_prof_object *
             return true;
     uint64_t offset;
     int64_t to_state;
-    if (o->fd < 0 || !dd_prof_elf_loader_hook(o->fd, &offset, &to_state))
+    int fd = dd_prof_file_fd(o->file);
+    if (fd < 0 || !dd_prof_elf_loader_hook(fd, &offset, &to_state))
         return false;
     char path[96];
     map_files_path(path, sizeof path, pid, o);

@@ -19,6 +19,10 @@
  *   bytes kept growing. Suspects rank by old(s), largest first.
  * A cache filled once and kept is old but does not grow; a queue that
  * grows and drains is young. Neither is a suspect.
+ *
+ * Then what the processes that exited during the run still held at their
+ * exit, by process and site: a worker that leaks keeps its blocks until it
+ * exits, and the live heap never shows them together.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -112,6 +116,115 @@ static int by_live_then_alloc(const void *a, const void *b, void *ctx)
     if (x->inuse_space != y->inuse_space)
         return (x->inuse_space < y->inuse_space) - (x->inuse_space > y->inuse_space);
     return (x->alloc_space < y->alloc_space) - (x->alloc_space > y->alloc_space);
+}
+
+/* The most exited processes listed one by one, and the most sites each. */
+#define EXITED_SHOWN 20
+#define EXITED_SITES 5
+
+struct exited {
+    uint32_t tgid;
+    double space;
+    uint32_t blocks;
+};
+
+static int by_space(const void *a, const void *b)
+{
+    const struct exited *x = a, *y = b;
+    return (x->space < y->space) - (x->space > y->space);
+}
+
+static int by_exit_space(const void *a, const void *b, void *ctx)
+{
+    const struct dd_prof_table *t = ctx;
+    double x = t->stacks[*(const size_t *)a].exit_space, y = t->stacks[*(const size_t *)b].exit_space;
+    return (x < y) - (x > y);
+}
+
+/* Each exited process with sampled blocks left, its held bytes summed
+ * over its sites; sorted, largest first. Returns how many, -1 if out of
+ * memory. */
+static long exited_processes(const struct dd_prof_table *t, struct exited **out)
+{
+    struct exited *v = NULL;
+    size_t n = 0, cap = 0;
+    for (size_t i = 0; i < t->nstacks; i++) {
+        const struct dd_prof_stack *s = &t->stacks[i];
+        if (s->exit_blocks == 0)
+            continue;
+        size_t k = 0;
+        while (k < n && v[k].tgid != s->tgid)
+            k++;
+        if (k == n) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                struct exited *g = realloc(v, cap * sizeof *g);
+                if (g == NULL) {
+                    free(v);
+                    return -1;
+                }
+                v = g;
+            }
+            v[n++] = (struct exited){s->tgid, 0, 0};
+        }
+        v[k].space += s->exit_space;
+        v[k].blocks += s->exit_blocks;
+    }
+    if (n)
+        qsort(v, n, sizeof *v, by_space);
+    *out = v;
+    return (long)n;
+}
+
+static int write_exited(FILE *out, const struct prof *p, const struct dd_prof_report *r)
+{
+    const struct dd_prof_table *t = &p->table;
+    struct exited *procs = NULL;
+    long n = exited_processes(t, &procs);
+    size_t *sites = malloc((t->nstacks ? t->nstacks : 1) * sizeof *sites);
+    if (n < 0 || sites == NULL) {
+        free(sites);
+        free(procs);
+        return -1;
+    }
+    char a[32];
+    put_bytes(a, sizeof a, t->exited_space);
+    fprintf(out, "\nEXITED PROCESSES: %" PRIu64 " exited during the run; %ld still held sampled "
+                 "blocks at their exit, %s in all\n(out of the live heap from their exit on). "
+                 "By bytes held, with each one's sites:\n",
+            p->exits_applied, n, a);
+    for (long i = 0; i < n && i < EXITED_SHOWN; i++) {
+        put_bytes(a, sizeof a, procs[i].space);
+        const struct dd_prof_proc *proc = NULL;
+        for (size_t k = 0; k < p->proc_ids.n && proc == NULL; k++)
+            if ((uint32_t)p->procs[k].tgid == procs[i].tgid)
+                proc = &p->procs[k];
+        fprintf(out, "\npid %" PRIu32 " (%s): %s in %" PRIu32 " sampled blocks at exit\n",
+                procs[i].tgid, proc && proc->name ? proc->name : "?", a, procs[i].blocks);
+        size_t m = 0;
+        for (size_t s = 0; s < t->nstacks; s++)
+            if (t->stacks[s].tgid == procs[i].tgid && t->stacks[s].exit_blocks > 0)
+                sites[m++] = s;
+        qsort_r(sites, m, sizeof *sites, by_exit_space, (void *)t);
+        for (size_t k = 0; k < m && k < EXITED_SITES; k++) {
+            put_bytes(a, sizeof a, t->stacks[sites[k]].exit_space);
+            fprintf(out, "    %10s  ", a);
+            put_site(out, p, r, sites[k]);
+            fputc('\n', out);
+        }
+        if (m > EXITED_SITES)
+            fprintf(out, "    (and %zu more sites)\n", m - EXITED_SITES);
+    }
+    if (n > EXITED_SHOWN) {
+        double rest = 0;
+        for (long i = EXITED_SHOWN; i < n; i++)
+            rest += procs[i].space;
+        put_bytes(a, sizeof a, rest);
+        fprintf(out, "\n(and %ld more processes, %s at their exit)\n", n - EXITED_SHOWN, a);
+    }
+    free(sites);
+    free(procs);
+    return 0;
 }
 
 int dd_prof_write_lifetime_report(FILE *out, const struct prof *p, const struct dd_prof_report *r)
@@ -229,5 +342,7 @@ int dd_prof_write_lifetime_report(FILE *out, const struct prof *p, const struct 
     }
     free(ranked);
     free(sites);
+    if (write_exited(out, p, r) != 0)
+        return -1;
     return ferror(out) ? -1 : 0;
 }

@@ -79,12 +79,6 @@ static uint32_t frames_of(struct prof *p, struct dd_prof_proc *proc,
     if (a->kind == DD_PROF_STACK_COPY) {
         if (proc == NULL || p->opt.unwind_fp)
             return 0;
-        if (proc->unwinder == NULL &&
-            (proc->unwinder = dd_prof_unwinder_new(proc->tgid, &p->unwind_stats,
-                                                   rescan_for_unwinder, p)) == NULL) {
-            p->oom = true;
-            return 0;
-        }
         /* __u64 is unsigned long long, uint64_t unsigned long here: copy
          * rather than read one through the other. */
         uint64_t regs[4];
@@ -92,7 +86,11 @@ static uint32_t frames_of(struct prof *p, struct dd_prof_proc *proc,
             regs[i] = a->regs[i];
         struct dd_prof_stack_copy copy = {
             .regs = regs, .data = a->data, .len = len, .wanted = a->wanted};
-        return dd_prof_unwind(proc->unwinder, &proc->objs, &copy, frames, DD_PROF_MAX_FRAMES);
+        uint32_t n = dd_prof_unwind(&proc->unwinder, proc->tgid, &proc->objs, &copy, frames,
+                                    DD_PROF_MAX_FRAMES);
+        if (n == 0)
+            p->oom = true;
+        return n;
     }
     uint32_t n = (uint32_t)(len / sizeof(uint64_t));
     if (n > DD_PROF_MAX_FRAMES)
@@ -105,6 +103,135 @@ static uint32_t frames_of(struct prof *p, struct dd_prof_proc *proc,
     return n;
 }
 
+void dd_prof_note_exit(struct prof *p, pid_t tgid, uint64_t ts_ns)
+{
+    if (tgid == p->pid)
+        return;
+    if (p->nexits == p->exits_cap) {
+        size_t cap = p->exits_cap ? 2 * p->exits_cap : 64;
+        struct pending_exit *v = realloc(p->exits, cap * sizeof *v);
+        if (v == NULL) {
+            p->oom = true;
+            return;
+        }
+        p->exits = v;
+        p->exits_cap = cap;
+    }
+    /* They come nearly in time order (one ring buffer, stamped as they
+     * are written): an insertion from the end. */
+    size_t i = p->nexits++;
+    while (i > 0 && p->exits[i - 1].ts_ns > ts_ns) {
+        p->exits[i] = p->exits[i - 1];
+        i--;
+    }
+    p->exits[i] = (struct pending_exit){(uint32_t)tgid, ts_ns};
+}
+
+static void apply_exit(struct prof *p, uint32_t tgid, uint64_t ts_ns)
+{
+    struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)tgid);
+    if (proc == NULL || dd_prof_table_process_exit(&p->table, tgid, ts_ns) < 0) {
+        p->oom = true;
+        return;
+    }
+    proc->exit_applied = true;
+    p->exits_applied++;
+}
+
+/* Every exit stamped at or before ts_ns is applied, each after the
+ * snapshots due before it: the table then is the state just before ts_ns. */
+static void advance_to(struct prof *p, uint64_t ts_ns)
+{
+    size_t done = 0;
+    for (; done < p->nexits && p->exits[done].ts_ns <= ts_ns; done++) {
+        dd_prof_snapshots_before(p, p->exits[done].ts_ns);
+        apply_exit(p, p->exits[done].tgid, p->exits[done].ts_ns);
+    }
+    if (done > 0) {
+        memmove(p->exits, p->exits + done, (p->nexits - done) * sizeof *p->exits);
+        p->nexits -= done;
+    }
+    dd_prof_snapshots_before(p, ts_ns);
+}
+
+static void apply_deferred(struct prof *p);
+
+void dd_prof_apply_exits(struct prof *p)
+{
+    p->horizon_ns = UINT64_MAX;
+    apply_deferred(p);
+    if (p->nexits > 0)
+        advance_to(p, p->exits[p->nexits - 1].ts_ns);
+}
+
+/* One event into the table, after the exits and snapshots due before it. */
+static void apply_event(struct prof *p, uint32_t type, const struct dd_prof_sample *sample,
+                        const uint64_t *frames, uint32_t n)
+{
+    advance_to(p, sample->ts_ns);
+    if (type == DD_PROF_EV_FREE) {
+        if (dd_prof_table_free_block(&p->table, sample))
+            p->oom = true;
+        return;
+    }
+    if (sample->ptr == 0)
+        return;
+    struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)sample->tgid);
+    if (proc == NULL || dd_prof_table_alloc(&p->table, sample, frames, n))
+        p->oom = true;
+    /* An event that came after its process's exit was applied (stamped
+     * before it, read after): what it allocated is gone with the process
+     * too. */
+    else if (proc->exit_applied &&
+             dd_prof_table_process_exit(&p->table, sample->tgid, sample->ts_ns) < 0)
+        p->oom = true;
+}
+
+/* Applies the events kept back (in the order read) that are no later
+ * than the horizon; the rest stay. */
+static void apply_deferred(struct prof *p)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < p->ndeferred; i++) {
+        struct deferred_event *d = &p->deferred[i];
+        if (d->sample.ts_ns > p->horizon_ns) {
+            p->deferred[kept++] = *d;
+            continue;
+        }
+        apply_event(p, d->type, &d->sample, d->frames, d->nframes);
+        free(d->frames);
+    }
+    p->ndeferred = kept;
+}
+
+/* Keeps an event stamped after the horizon for a later consume. */
+static void defer_event(struct prof *p, uint32_t type, const struct dd_prof_sample *sample,
+                        const uint64_t *frames, uint32_t n)
+{
+    if (p->ndeferred == p->deferred_cap) {
+        size_t cap = p->deferred_cap ? 2 * p->deferred_cap : 256;
+        struct deferred_event *v = realloc(p->deferred, cap * sizeof *v);
+        if (v == NULL) {
+            p->oom = true;
+            return;
+        }
+        p->deferred = v;
+        p->deferred_cap = cap;
+    }
+    uint64_t *copy = malloc((n ? n : 1) * sizeof *copy);
+    if (copy == NULL) {
+        p->oom = true;
+        return;
+    }
+    memcpy(copy, frames, n * sizeof *frames);
+    p->deferred[p->ndeferred++] = (struct deferred_event){*sample, type, n, copy};
+}
+
+/* An allocation or free event. The live heap is a sum over processes, so
+ * an exit must be applied before the events of others stamped after it:
+ * an exit stamped before the horizon (the instant the consume began) has
+ * been read, one after it may not have been; an event stamped after the
+ * horizon waits for the next consume, which reads the exits first. */
 static int on_event(void *ctx, void *data, size_t size)
 {
     struct prof *p = ctx;
@@ -113,28 +240,53 @@ static int on_event(void *ctx, void *data, size_t size)
     p->event_bytes += size;
     if (size < sizeof *h)
         return 0;
+    if (p->ndeferred > 0)
+        apply_deferred(p);
     struct dd_prof_sample sample = {.ptr = h->ptr, .ts_ns = h->ts_ns, .tgid = h->tgid};
-    /* Snapshots due before this event see the table without it. */
-    dd_prof_snapshots_before(p, h->ts_ns);
-    if (h->type == DD_PROF_EV_FREE) {
-        if (dd_prof_table_free_block(&p->table, &sample))
-            p->oom = true;
-    } else if (h->type == DD_PROF_EV_ALLOC &&
-               size >= offsetof(struct dd_prof_alloc_event, data)) {
+    uint64_t frames[DD_PROF_MAX_FRAMES];
+    uint32_t n = 0;
+    if (h->type == DD_PROF_EV_ALLOC && size >= offsetof(struct dd_prof_alloc_event, data)) {
         const struct dd_prof_alloc_event *a = data;
         /* (Found before the unwinding, whose rescan adds no process.) */
         struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)h->tgid);
-        uint64_t frames[DD_PROF_MAX_FRAMES];
-        uint32_t n =
-            frames_of(p, proc, a, size - offsetof(struct dd_prof_alloc_event, data), frames);
+        if (proc != NULL && !proc->known) {
+            /* A process forked while this read goes on (a long one, of
+             * many stacks) sends its allocations, and may exit, before
+             * its fork event is read: read the process events now, so it
+             * has its parent's objects (its maps may be gone already).
+             * Once per process. */
+            proc->known = true;
+            ring_buffer__consume(p->proc_rb);
+            proc = dd_prof_proc_of(p, (pid_t)h->tgid); /* the array may have moved */
+        }
+        if (proc == NULL) {
+            p->oom = true;
+            return 0;
+        }
+        proc->samples++;
+        n = frames_of(p, proc, a, size - offsetof(struct dd_prof_alloc_event, data), frames);
         sample.size = a->size;
         sample.weight = a->weight;
-        if (proc)
-            proc->samples++;
-        if (proc == NULL || (h->ptr != 0 && dd_prof_table_alloc(&p->table, &sample, frames, n)))
-            p->oom = true;
+    } else if (h->type != DD_PROF_EV_FREE) {
+        return 0;
     }
+    if (h->ts_ns > p->horizon_ns)
+        defer_event(p, h->type, &sample, frames, n);
+    else
+        apply_event(p, h->type, &sample, frames, n);
     return 0;
+}
+
+/* A consume of both ring buffers, with the horizon set at its start;
+ * then every kept event and exit up to the horizon is applied. Returns
+ * what ring_buffer__consume does. */
+static int consume(struct prof *p)
+{
+    p->horizon_ns = (uint64_t)dd_prof_now_ns(CLOCK_MONOTONIC);
+    int got = ring_buffer__consume(p->rb);
+    apply_deferred(p);
+    advance_to(p, p->horizon_ns);
+    return got;
 }
 
 void dd_prof_catch_snapshot_signal(void)
@@ -153,6 +305,7 @@ int64_t dd_prof_now_ns(clockid_t clock)
 int dd_prof_setup_bpf(struct prof *p)
 {
     libbpf_set_print(p->opt.verbose ? libbpf_all : libbpf_quiet);
+    dd_prof_unwind_setup(&p->unwind_stats, rescan_for_unwinder, p);
     p->skel = ddheap_prof_bpf__open();
     if (p->skel == NULL) {
         fprintf(stderr, "ddheap-prof: cannot open the BPF object: %s\n", strerror(errno));
@@ -176,7 +329,11 @@ int dd_prof_setup_bpf(struct prof *p)
      * allocations of the child it made. */
     p->rb = ring_buffer__new(bpf_map__fd(p->skel->maps.proc_events), dd_prof_on_proc_event, p,
                              NULL);
-    if (p->rb == NULL ||
+    /* Both share the process events' consumer position (in the ring's
+     * own page): what one reads, the other does not read again. */
+    p->proc_rb = ring_buffer__new(bpf_map__fd(p->skel->maps.proc_events), dd_prof_on_proc_event,
+                                  p, NULL);
+    if (p->rb == NULL || p->proc_rb == NULL ||
         ring_buffer__add(p->rb, bpf_map__fd(p->skel->maps.events), on_event, p) != 0) {
         fprintf(stderr, "ddheap-prof: cannot open the ring buffer: %s\n", strerror(errno));
         return -1;
@@ -236,12 +393,14 @@ void dd_prof_teardown_bpf(struct prof *p)
                 st->stacks ? (double)st->frames / (double)st->stacks : 0.0,
                 st->stacks ? (double)st->ns / 1e3 / (double)st->stacks : 0.0);
     for (size_t i = 0; i < p->proc_ids.n; i++) {
-        dd_prof_unwinder_free(p->procs[i].unwinder);
-        p->procs[i].unwinder = NULL;
+        dd_prof_unwinder_release(p->procs[i].unwinder.session);
+        p->procs[i].unwinder.session = NULL;
     }
+    dd_prof_unwinders_free();
     for (size_t i = 0; i < sizeof p->tracepoint_links / sizeof *p->tracepoint_links; i++)
         bpf_link__destroy(p->tracepoint_links[i]);
     ring_buffer__free(p->rb);
+    ring_buffer__free(p->proc_rb);
     ddheap_prof_bpf__destroy(p->skel);
 }
 
@@ -254,9 +413,9 @@ void dd_prof_teardown_bpf(struct prof *p)
 static void end_sessions_of_gone(struct prof *p)
 {
     for (size_t i = 0; i < p->proc_ids.n; i++) {
-        if (p->procs[i].gone && p->procs[i].unwinder) {
-            dd_prof_unwinder_free(p->procs[i].unwinder);
-            p->procs[i].unwinder = NULL;
+        if (p->procs[i].gone && p->procs[i].unwinder.session) {
+            dd_prof_unwinder_release(p->procs[i].unwinder.session);
+            p->procs[i].unwinder.session = NULL;
         }
     }
 }
@@ -299,7 +458,7 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
             cut_short = true;
             break;
         }
-        int got = ring_buffer__consume(p->rb);
+        int got = consume(p);
         if (got < 0 && got != -EINTR) {
             fprintf(stderr, "ddheap-prof: reading the ring buffer: %s\n", strerror(-got));
             cut_short = true;
@@ -316,10 +475,11 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
          * every event stamped before it has been applied (an event still
          * being written on another CPU lands in the next one). */
         if (snapshot_requested || dd_prof_snapshot_due(p, now - SNAPSHOT_SLACK_NS)) {
-            ring_buffer__consume(p->rb);
+            consume(p);
             if (dd_prof_snapshot_due(p, now - SNAPSHOT_SLACK_NS))
-                dd_prof_snapshots_before(p, (uint64_t)(now - SNAPSHOT_SLACK_NS));
+                advance_to(p, (uint64_t)(now - SNAPSHOT_SLACK_NS));
             if (snapshot_requested) {
+                dd_prof_apply_exits(p);
                 snapshot_requested = 0;
                 dd_prof_snapshot_now(p, dd_prof_now_ns(CLOCK_MONOTONIC));
             }
@@ -333,6 +493,7 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
         p->interrupted = true;
     /* Everything the programs wrote before the end is in the buffers. */
     ring_buffer__consume(p->rb);
+    dd_prof_apply_exits(p);
     if (p->oom) {
         fprintf(stderr, "ddheap-prof: out of memory: the profile stops here\n");
         cut_short = true;

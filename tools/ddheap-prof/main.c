@@ -57,8 +57,13 @@ static void free_run(struct prof *p)
         free(p->procs[i].name);
     }
     free(p->procs);
+    dd_prof_files_free();
     dd_prof_keys_free(&p->proc_ids);
     dd_prof_table_free(&p->table);
+    free(p->exits);
+    for (size_t i = 0; i < p->ndeferred; i++)
+        free(p->deferred[i].frames);
+    free(p->deferred);
     free(p->links);
     free(p->attached);
     free(p->loader_hooked);

@@ -1,8 +1,9 @@
 /*
- * Reading /proc/PID/maps into dd_prof_objects (objects.h), and what
- * ddheap-prof needs from an object's ELF headers: whether its
- * .note.stapsdt carries the probes, its GNU build id, and, for glibc's
- * dynamic loader, where its debugger hook is.
+ * Reading /proc/PID/maps into dd_prof_objects (objects.h); the files they
+ * load, each opened and read once for the whole run, their descriptors
+ * within a bound; and what ddheap-prof needs from an object's ELF
+ * headers: whether its .note.stapsdt carries the probes, its GNU build
+ * id, and, for glibc's dynamic loader, where its debugger hook is.
  */
 #include "objects.h"
 
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -110,9 +112,10 @@ unsigned dd_prof_elf_probes(const char *path, int fd)
     return has;
 }
 
-/* Run-time minus link-time address, from the load address of file offset
- * 0 and the first PT_LOAD segment (the one that maps offset 0). */
-static uint64_t load_bias(Elf *elf, uint64_t base)
+/* The link-time address of file offset 0, from the first PT_LOAD segment
+ * (the one that maps offset 0): a load's run-time minus link-time address
+ * is its address of offset 0 minus this. */
+static uint64_t link_base_of(Elf *elf)
 {
     size_t n;
     if (elf_getphdrnum(elf, &n) != 0)
@@ -121,10 +124,123 @@ static uint64_t load_bias(Elf *elf, uint64_t base)
         GElf_Phdr ph;
         if (gelf_getphdr(elf, (int)i, &ph) && ph.p_type == PT_LOAD) {
             uint64_t align = ph.p_align ? ph.p_align : 1;
-            return base - (ph.p_vaddr & ~(align - 1)) + (ph.p_offset & ~(align - 1));
+            return (ph.p_vaddr & ~(align - 1)) - (ph.p_offset & ~(align - 1));
         }
     }
     return 0;
+}
+
+/* The files seen in the run (objects.h), each once; they live until the
+ * end (dd_prof_files_free). */
+static struct dd_prof_file **files;
+static size_t nfiles, files_cap;
+static size_t nopen;           /* files with a descriptor open */
+static uint64_t use_clock;
+static void (*release_built_on)(struct dd_prof_file *f, bool for_good);
+static uint64_t generation;
+
+uint64_t dd_prof_files_generation(void)
+{
+    return generation;
+}
+
+void dd_prof_files_on_close(void (*release)(struct dd_prof_file *f, bool for_good))
+{
+    release_built_on = release;
+}
+
+unsigned dd_prof_fd_budget(void)
+{
+    struct rlimit rl;
+    uint64_t n = 1024;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        n = rl.rlim_cur;
+    if (n > 65536)
+        n = 65536;
+    return n < 64 ? 16 : (unsigned)n;
+}
+
+/* Files with a descriptor at once: each may also have its symbolisation
+ * session's (libdwfl keeps one of its own), so two descriptors each, in a
+ * quarter of the budget. */
+static size_t max_open_files(void)
+{
+    size_t n = dd_prof_fd_budget() / 8;
+    return n < 4 ? 4 : n;
+}
+
+void dd_prof_file_failed(struct dd_prof_file *f, const char *what, const char *why)
+{
+    if (f->why[0] == '\0')
+        snprintf(f->why, sizeof f->why, "%s: %s", what, why);
+}
+
+static void close_file(struct dd_prof_file *f, bool for_good)
+{
+    if (release_built_on)
+        release_built_on(f, for_good);
+    if (f->fd >= 0) {
+        close(f->fd);
+        f->fd = -1;
+        nopen--;
+    }
+}
+
+/* Room for one more descriptor: the least recently used file is closed
+ * if the bound is reached. */
+static void make_room(void)
+{
+    while (nopen >= max_open_files()) {
+        struct dd_prof_file *lru = NULL;
+        for (size_t i = 0; i < nfiles; i++)
+            if (files[i]->fd >= 0 && (!lru || files[i]->last_use < lru->last_use))
+                lru = files[i];
+        if (lru == NULL)
+            return;
+        close_file(lru, false);
+    }
+}
+
+static void opened(struct dd_prof_file *f, int fd)
+{
+    f->fd = fd;
+    f->last_use = ++use_clock;
+    nopen++;
+}
+
+/* Reopens a file the bound closed: by its path, if that is still the same
+ * file (device and inode). */
+static int reopen(struct dd_prof_file *f)
+{
+    make_room();
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_ino != f->ino)) {
+        close(fd);
+        fd = -1;
+        errno = ESTALE;
+    }
+    if (fd < 0) {
+        dd_prof_file_failed(f, "closed to stay within the descriptor limit, then cannot be "
+                               "reopened by its path", strerror(errno));
+        return -1;
+    }
+    opened(f, fd);
+    return fd;
+}
+
+int dd_prof_file_fd(struct dd_prof_file *f)
+{
+    if (f->fd >= 0) {
+        f->last_use = ++use_clock;
+        return f->fd;
+    }
+    return f->elf ? reopen(f) : -1;
+}
+
+size_t dd_prof_files_count(void)
+{
+    return nfiles;
 }
 
 static int open_mapped(pid_t pid, const char *path, uint64_t start, uint64_t end)
@@ -133,13 +249,105 @@ static int open_mapped(pid_t pid, const char *path, uint64_t start, uint64_t end
      * deleted or replaced since; the path under the process's root (its
      * mount namespace) is the fallback. */
     char link[PATH_MAX + 64];
+    make_room();
     snprintf(link, sizeof link, "/proc/%d/map_files/%" PRIx64 "-%" PRIx64, (int)pid, start, end);
     int fd = open(link, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
+        int first = errno;
         snprintf(link, sizeof link, "/proc/%d/root%s", (int)pid, path);
         fd = open(link, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 && (first == EMFILE || first == ENFILE))
+            errno = first; /* the reason that matters */
     }
     return fd;
+}
+
+/* Reads what the file's ELF headers say, once. */
+static void read_file(struct dd_prof_file *f, int fd)
+{
+    Elf *elf = open_elf(fd);
+    if (elf == NULL) {
+        f->not_elf = true; /* a mapped data file */
+        close(fd);
+        return;
+    }
+    f->elf = true;
+    f->link_base = link_base_of(elf);
+    read_notes(elf, &f->probes, f->build_id, sizeof f->build_id);
+    elf_end(elf);
+    opened(f, fd);
+}
+
+/* The file of this mapping, added and read if new; opened again through
+ * this process if an earlier open failed for want of descriptors. NULL
+ * when out of memory. */
+static struct dd_prof_file *file_of(pid_t pid, const char *path, uint64_t dev, uint64_t ino,
+                                    uint64_t start, uint64_t end)
+{
+    struct dd_prof_file *f = NULL;
+    for (size_t i = 0; i < nfiles && f == NULL; i++)
+        if (files[i]->dev == dev && files[i]->ino == ino)
+            f = files[i];
+    if (f == NULL) {
+        if (nfiles == files_cap) {
+            size_t cap = files_cap ? 2 * files_cap : 64;
+            struct dd_prof_file **v = realloc(files, cap * sizeof *v);
+            if (v == NULL)
+                return NULL;
+            files = v;
+            files_cap = cap;
+        }
+        f = calloc(1, sizeof *f);
+        if (f == NULL || (f->path = strdup(path)) == NULL) {
+            free(f);
+            return NULL;
+        }
+        f->dev = dev;
+        f->ino = ino;
+        f->fd = -1;
+        files[nfiles++] = f;
+    }
+    if (!f->elf && !f->not_elf) {
+        int fd = open_mapped(pid, path, start, end);
+        if (fd >= 0) {
+            read_file(f, fd);
+            /* A session made while it could not be opened names nothing. */
+            if (f->elf && release_built_on)
+                release_built_on(f, true);
+            if (f->elf && f->why[0] != '\0')
+                generation++;
+        } else {
+            dd_prof_file_failed(f, "cannot open", strerror(errno));
+        }
+    }
+    return f;
+}
+
+unsigned dd_prof_files_report(FILE *out)
+{
+    unsigned failed = 0;
+    for (size_t i = 0; i < nfiles; i++) {
+        const struct dd_prof_file *f = files[i];
+        if (f->why[0] == '\0' || (f->unnamed_frames == 0 && f->cut_stacks == 0 && f->elf))
+            continue;
+        failed++;
+        fprintf(out, "ddheap-prof: could not read %s (%s): %" PRIu64 " distinct frames left "
+                     "unnamed, %" PRIu64 " stacks whose unwinding ended there\n",
+                f->path, f->why, f->unnamed_frames, f->cut_stacks);
+    }
+    return failed;
+}
+
+void dd_prof_files_free(void)
+{
+    for (size_t i = 0; i < nfiles; i++) {
+        close_file(files[i], true);
+        free(files[i]->path);
+        free(files[i]);
+    }
+    free(files);
+    files = NULL;
+    nfiles = files_cap = nopen = 0;
 }
 
 static struct dd_prof_object *find_load(struct dd_prof_objects *objs, uint64_t dev, uint64_t ino,
@@ -157,6 +365,11 @@ static struct dd_prof_object *find_load(struct dd_prof_objects *objs, uint64_t d
 static struct dd_prof_object *add_object(struct dd_prof_objects *objs, pid_t pid, const char *path,
                                          uint64_t dev, uint64_t ino, uint64_t start, uint64_t end)
 {
+    struct dd_prof_file *f = file_of(pid, path, dev, ino, start, end);
+    /* A mapped data file is no object; one that could not be opened is
+     * kept (its frames are named object+offset, and counted). */
+    if (f == NULL || f->not_elf)
+        return NULL;
     if (objs->n == objs->cap) {
         size_t cap = objs->cap ? 2 * objs->cap : 32;
         struct dd_prof_object *v = realloc(objs->v, cap * sizeof *v);
@@ -174,18 +387,10 @@ static struct dd_prof_object *add_object(struct dd_prof_objects *objs, pid_t pid
     o->ino = ino;
     o->base = o->lo = o->map_start = start;
     o->hi = o->map_end = end;
-    o->fd = open_mapped(pid, path, start, end);
-    Elf *elf = o->fd >= 0 ? open_elf(o->fd) : NULL;
-    if (elf == NULL) {
-        /* Not an ELF file (a mapped data file): never symbolised. */
-        if (o->fd >= 0)
-            close(o->fd);
-        free(o->path);
-        return NULL;
-    }
-    o->bias = load_bias(elf, start);
-    read_notes(elf, &o->probes, o->build_id, sizeof o->build_id);
-    elf_end(elf);
+    o->file = f;
+    o->bias = start - f->link_base;
+    o->probes = f->probes;
+    o->build_id = f->build_id;
     objs->n++;
     return o;
 }
@@ -247,11 +452,8 @@ const struct dd_prof_object *dd_prof_objects_find(const struct dd_prof_objects *
 
 void dd_prof_objects_free(struct dd_prof_objects *objs)
 {
-    for (size_t i = 0; i < objs->n; i++) {
+    for (size_t i = 0; i < objs->n; i++)
         free(objs->v[i].path);
-        if (objs->v[i].fd >= 0)
-            close(objs->v[i].fd);
-    }
     free(objs->v);
     memset(objs, 0, sizeof *objs);
 }
@@ -271,7 +473,6 @@ int dd_prof_objects_copy(struct dd_prof_objects *dst, const struct dd_prof_objec
         o->path = strdup(src->v[i].path);
         if (o->path == NULL)
             return -1;
-        o->fd = src->v[i].fd >= 0 ? fcntl(src->v[i].fd, F_DUPFD_CLOEXEC, 0) : -1;
         dst->n++;
     }
     return 0;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -428,8 +429,28 @@ static int write_report(struct prof *p, FILE *f)
     return 0;
 }
 
+/* What the run cost ddheap-prof, per process followed, and what could not
+ * be read (objects.h). The processes' side (probes, stack copies) is theirs. */
+static void report_costs(const struct prof *p)
+{
+    dd_prof_files_report(stderr);
+    if (p->proc_ids.n < 2)
+        return;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return;
+    double cpu = (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                 (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+    fprintf(stderr, "ddheap-prof: %zu processes (%" PRIu64 " exited during the run, holding %.1f "
+                    "MiB then), %zu distinct files; ddheap-prof's own CPU %.3f s, %.2f ms per "
+                    "process\n",
+            p->proc_ids.n, p->exits_applied, p->table.exited_space / 1048576.0,
+            dd_prof_files_count(), cpu, 1e3 * cpu / (double)p->proc_ids.n);
+}
+
 static int write_all(struct prof *p, const struct outputs *f)
 {
+    dd_prof_apply_exits(p); /* those read after the loop (dd_prof_let_go) */
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
     uint64_t lost_proc = p->skel->bss->lost_proc;
@@ -475,6 +496,7 @@ static int write_all(struct prof *p, const struct outputs *f)
         else
             rc = -1;
     }
+    report_costs(p);
     return rc;
 }
 

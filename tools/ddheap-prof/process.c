@@ -249,8 +249,8 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc)
     if (proc->samples == 0)
         dd_prof_objects_free(&proc->objs);
     /* Its unwinding session knew the old image's modules. */
-    dd_prof_unwinder_free(proc->unwinder);
-    proc->unwinder = NULL;
+    dd_prof_unwinder_release(proc->unwinder.session);
+    proc->unwinder = (struct dd_prof_unwind_hold){0};
     set_name(proc);
     bool ours = p->child && proc->tgid == p->pid;
     if (ours)
@@ -292,10 +292,10 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
          * ring buffers are read one after the other.) */
         uint64_t samples = proc->samples;
         dd_prof_objects_free(&proc->objs);
-        dd_prof_unwinder_free(proc->unwinder); /* built from the objects just freed */
+        dd_prof_unwinder_release(proc->unwinder.session); /* built from the objects just freed */
         free(proc->name);
         *proc = (struct dd_prof_proc){.tgid = (pid_t)h->tgid, .parent = (pid_t)h->ptr,
-                                      .samples = samples};
+                                      .samples = samples, .known = true};
         if (parent->name)
             proc->name = strdup(parent->name);
         if (dd_prof_objects_copy(&proc->objs, &parent->objs) != 0)
@@ -303,6 +303,7 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
         break;
     }
     case DD_PROF_EV_EXEC:
+        proc->known = true;
         on_exec(p, proc);
         break;
     case DD_PROF_EV_LOADED:
@@ -320,6 +321,7 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
         break;
     case DD_PROF_EV_EXIT:
         proc->gone = true;
+        dd_prof_note_exit(p, proc->tgid, h->ts_ns);
         break;
     default:
         break;

@@ -69,11 +69,16 @@ struct dd_prof_proc {
     char *name;    /* its executable's base name, at its last exec */
     uint64_t samples; /* alloc events from it */
     bool gone;     /* exited: nothing more to scan */
+    bool exit_applied; /* its blocks have left the table's live heap */
+    /* Its fork or exec was read, or the process events were read again
+     * for it (loop.c): its objects are what the reader can know. */
+    bool known;
     struct dd_prof_objects objs;
-    /* Its DWARF unwinding session, built from objs on its first copied
-     * stack; freed at its exec and fork (objs replaced) and once it is
-     * gone and its events read (loop.c). NULL with --unwind=fp. */
-    struct dd_prof_unwinder *unwinder;
+    /* Its DWARF unwinding session (shared with the processes whose
+     * objects are the same), taken for objs at its first copied stack;
+     * released at its exec and fork (objs replaced) and once it is gone
+     * and its events read (loop.c). None with --unwind=fp. */
+    struct dd_prof_unwind_hold unwinder;
 };
 
 struct prof {
@@ -85,6 +90,9 @@ struct prof {
     bool loader_stop_pending; /* it will stop when its loader has mapped */
     struct ddheap_prof_bpf *skel;
     struct ring_buffer *rb;
+    /* The process events alone, read from within an allocation's handler
+     * when it comes from a process whose fork has not been read yet. */
+    struct ring_buffer *proc_rb;
     /* The processes seen, by tgid: procs[i] is the one of key i. */
     struct dd_prof_keys proc_ids;
     struct dd_prof_proc *procs;
@@ -92,6 +100,23 @@ struct prof {
     struct file_id *loader_hooked; /* dynamic loaders hooked (on_loader) */
     size_t nloader_hooked, loader_hooked_cap;
     struct dd_prof_table table;
+    /* Exits read but not applied to the table yet, in time order: each is
+     * applied before the first event stamped after it (loop.c). */
+    struct pending_exit {
+        uint32_t tgid;
+        uint64_t ts_ns;
+    } *exits;
+    size_t nexits, exits_cap;
+    uint64_t exits_applied;
+    /* Allocation and free events stamped after the horizon (the start of
+     * the consume that read them) wait for the next one (loop.c). */
+    uint64_t horizon_ns;
+    struct deferred_event {
+        struct dd_prof_sample sample;
+        uint32_t type, nframes;
+        uint64_t *frames;
+    } *deferred;
+    size_t ndeferred, deferred_cap;
     struct dd_prof_unwind_stats unwind_stats; /* of every process's session (-v) */
     uint64_t event_bytes, events;      /* read from the ring buffer (-v) */
     struct bpf_link *tracepoint_links[3]; /* fork, exec, exit */
@@ -168,6 +193,15 @@ void dd_prof_detach_all(struct prof *p);
 int dd_prof_setup_bpf(struct prof *p);
 /* Adds a process to the BPF map of followed ones. */
 int dd_prof_follow(struct prof *p, pid_t tgid, uint32_t flags);
+/* A followed process other than the target exited at ts_ns: its blocks
+ * leave the live heap at that instant (the target's stay: the run ends
+ * with it, and what it held then is the end profile). */
+void dd_prof_note_exit(struct prof *p, pid_t tgid, uint64_t ts_ns);
+/* Applies the exits noted so far. Call after a consume of the ring
+ * buffers: the one that read an exit has read every event its process
+ * sent before it (the process events first, then the others, each up to
+ * what it holds). */
+void dd_prof_apply_exits(struct prof *p);
 /* Runs until Ctrl-C, -d, the process's end or a failure. Returns true if
  * the run was cut short (ring buffer error, out of memory); *exited and
  * *status tell whether (and how) a started command ended. */

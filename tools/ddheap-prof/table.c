@@ -51,7 +51,44 @@ void dd_prof_table_free(struct dd_prof_table *t)
     free(t->stack_slots);
     free(t->live);
     free(t->peak_dirty);
+    free(t->proc_live);
     memset(t, 0, sizeof *t);
+}
+
+static int grow_proc_live(struct dd_prof_table *t)
+{
+    size_t cap = t->proc_live_cap ? 2 * t->proc_live_cap : 256;
+    struct dd_prof_proc_live *v = calloc(cap, sizeof *v);
+    if (v == NULL)
+        return -1;
+    for (size_t i = 0; i < t->proc_live_cap; i++) {
+        if (t->proc_live[i].tgid == 0)
+            continue;
+        size_t j = (size_t)mix64(t->proc_live[i].tgid) & (cap - 1);
+        while (v[j].tgid != 0)
+            j = (j + 1) & (cap - 1);
+        v[j] = t->proc_live[i];
+    }
+    free(t->proc_live);
+    t->proc_live = v;
+    t->proc_live_cap = cap;
+    return 0;
+}
+
+/* The process's count of live blocks, added if new; NULL when out of
+ * memory. (tgid 0, the idle task, never allocates.) */
+static uint32_t *proc_live_count(struct dd_prof_table *t, uint32_t tgid)
+{
+    if (2 * (t->nproc_live + 1) > t->proc_live_cap && grow_proc_live(t) != 0)
+        return NULL;
+    size_t mask = t->proc_live_cap - 1, j = (size_t)mix64(tgid) & mask;
+    while (t->proc_live[j].tgid != 0 && t->proc_live[j].tgid != tgid)
+        j = (j + 1) & mask;
+    if (t->proc_live[j].tgid == 0) {
+        t->proc_live[j].tgid = tgid;
+        t->nproc_live++;
+    }
+    return &t->proc_live[j].blocks;
 }
 
 static int grow_stack_slots(struct dd_prof_table *t)
@@ -304,7 +341,8 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
     uint64_t ptr = a->ptr, size = a->size, weight = a->weight;
     dd_prof_table_advance(t, a->ts_ns);
     long stack = intern_stack(t, a->tgid, frames, nframes);
-    if (stack < 0)
+    uint32_t *count = proc_live_count(t, a->tgid);
+    if (stack < 0 || count == NULL)
         return -1;
     if (2 * (t->nlive + 1) > t->live_cap && grow_live(t) != 0)
         return -1;
@@ -325,6 +363,7 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
         t->replaced_allocs++;
     } else {
         t->nlive++;
+        (*count)++;
     }
     t->live[j] =
         (struct dd_prof_block){ptr, a->tgid, (uint32_t)stack, (double)weight, objects, a->ts_ns};
@@ -348,7 +387,41 @@ int dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_sampl
         return 0;
     }
     int rc = record_lifetime(t, &t->live[j], f->ts_ns);
+    uint32_t *count = proc_live_count(t, f->tgid);
+    if (count != NULL && *count > 0)
+        (*count)--;
     take_out(t, &t->live[j]);
     remove_slot(t, j);
     return rc;
+}
+
+long dd_prof_table_process_exit(struct dd_prof_table *t, uint32_t tgid, uint64_t ts_ns)
+{
+    dd_prof_table_advance(t, ts_ns);
+    uint32_t *count = proc_live_count(t, tgid);
+    if (count == NULL)
+        return -1;
+    if (*count == 0)
+        return 0;
+    long removed = 0;
+    /* remove_slot moves later entries of a probe run back into the hole,
+     * never before it: slot j is looked at again until it holds another
+     * process's block, and no block of tgid is left behind j. */
+    for (size_t j = 0; j < t->live_cap; j++) {
+        while (t->live[j].ptr != 0 && t->live[j].tgid == tgid) {
+            const struct dd_prof_block *b = &t->live[j];
+            struct dd_prof_stack *s = &t->stacks[b->stack];
+            touch(t, b->stack);
+            s->exit_space += b->weight;
+            s->exit_objects += b->objects;
+            s->exit_blocks++;
+            t->exited_space += b->weight;
+            t->exited_blocks++;
+            take_out(t, b);
+            remove_slot(t, j);
+            removed++;
+        }
+    }
+    *count = 0;
+    return removed;
 }

@@ -10,7 +10,10 @@
  * is the table after every event stamped before T, so the peak and the
  * checkpoints are each taken between two events. One table holds every
  * followed process (stacks and blocks keyed by tgid too): its live bytes,
- * and so its peak, are those of all of them together.
+ * and so its peak, are those of all of them together. A process that
+ * exits frees everything it had: its blocks leave the live heap at its
+ * exit (dd_prof_table_process_exit), each counted, by stack, as what the
+ * process still held then.
  */
 #ifndef DDHEAP_PROF_TABLE_H
 #define DDHEAP_PROF_TABLE_H
@@ -47,6 +50,10 @@ struct dd_prof_stack {
      * peak is reached. */
     double peak_alloc_objects, peak_alloc_space, peak_inuse_objects, peak_inuse_space;
     uint8_t peak_dirty;
+    /* What its process still held when it exited (estimates, and the
+     * sampled blocks); 0 while it lives. */
+    double exit_space, exit_objects;
+    uint32_t exit_blocks;
     struct dd_prof_lifetimes *life; /* NULL until a block of it is freed */
     double checkpoint_space[DD_PROF_CHECKPOINTS]; /* inuse_space at each checkpoint */
 };
@@ -59,6 +66,11 @@ struct dd_prof_block {
     uint64_t ts_ns; /* its alloc event's */
 };
 
+struct dd_prof_proc_live {
+    uint32_t tgid; /* 0: empty slot */
+    uint32_t blocks;
+};
+
 struct dd_prof_table {
     struct dd_prof_stack *stacks;
     size_t nstacks, stacks_cap;
@@ -67,6 +79,13 @@ struct dd_prof_table {
     struct dd_prof_block *live;
     size_t nlive, live_cap;
     uint64_t allocs, frees, unmatched_frees, replaced_allocs;
+    /* Live sampled blocks per process (tgid -> count, open addressing,
+     * never deleted): an exit scans the live table only when it has some. */
+    struct dd_prof_proc_live *proc_live;
+    size_t nproc_live, proc_live_cap;
+    /* What processes held when they exited. */
+    uint64_t exited_blocks;
+    double exited_space;
 
     /* The estimated live bytes (sum of live weights) now and at its
      * highest; the stacks changed since that peak (each once). */
@@ -96,6 +115,12 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
                         const uint64_t *frames, uint32_t nframes);
 /* Returns 0, or -1 when out of memory (the free is applied all the same). */
 int dd_prof_table_free_block(struct dd_prof_table *t, const struct dd_prof_sample *f);
+/* The process tgid has exited at ts_ns (CLOCK_MONOTONIC): its live blocks
+ * are taken out of the live heap, each recorded by its stack as held at
+ * exit. Events of the process stamped later (one that ended in the ring
+ * buffer after its exit was applied) are the caller's to drop. Returns
+ * the number of blocks taken out, or -1 when out of memory. */
+long dd_prof_table_process_exit(struct dd_prof_table *t, uint32_t tgid, uint64_t ts_ns);
 /* Brings the checkpoints up to time now (the end of a run: the state has
  * not changed since the last event). */
 void dd_prof_table_advance(struct dd_prof_table *t, uint64_t now_ns);

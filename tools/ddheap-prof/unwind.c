@@ -6,10 +6,10 @@
  * probe saw and serve its memory reads from the copy of the stack (and
  * from the read-only segments of the mapped files).
  *
- * The session lives as long as the process's image (the caller frees it
- * at an exec, and once the process has exited and its last events are
- * unwound): libdwfl keeps each module's parsed CFI, so an unwind costs the
- * walk, not the parse. A module is
+ * A session belongs to a list of objects, not to a process (unwind.h):
+ * every process with the same objects at the same addresses (a forking
+ * server's workers) unwinds with it, so libdwfl parses each module's CFI
+ * once for all of them, and a new worker costs no session. A module is
  * reported when its object is first recorded; an object mapped over the
  * range of an earlier one (dlclose, then dlopen at the same address)
  * rebuilds the session from the latest object of each range.
@@ -17,6 +17,8 @@
 #include "unwind.h"
 
 #include <elfutils/libdwfl.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <gelf.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,23 +36,50 @@
 /* At most one rescan of the maps this often, for addresses in no object. */
 #define RESCAN_NS 20000000LL
 
+/* One object of a session's list: which file, where. */
+struct layout_entry {
+    const struct dd_prof_file *file;
+    uint64_t bias;
+    bool reported; /* its module is in the session (its file could be read) */
+};
+
 struct dd_prof_unwinder {
-    const struct dd_prof_objects *objs; /* the process's, as of this call */
-    pid_t pid;
-    dd_prof_rescan_fn *rescan;
-    void *rescan_arg;
-    struct dd_prof_unwind_stats *stats;
-    Dwfl *dwfl;
-    size_t reported; /* objs->v[0, reported) have been considered */
-    int64_t last_rescan_ns;
+    struct layout_entry *layout;
+    size_t n, cap;
+    unsigned holders; /* processes holding it */
+    uint64_t last_use;
+    Dwfl *dwfl;     /* NULL until needed, and after the bound freed it */
+    unsigned fds;   /* descriptors its modules hold */
+    bool partial;   /* some module could not be reported ... */
+    uint64_t files_generation; /* ... as the files were then (objects.h) */
+    pid_t pid;      /* the id its thread state was attached with */
     /* The stack being unwound. */
+    const struct dd_prof_objects *objs;
     const struct dd_prof_stack_copy *copy;
     bool read_past_copy;
     uint64_t *frames;
-    uint32_t n, max;
+    uint32_t n_frames, max;
     bool too_deep;
 };
 
+/* Every session, held or kept for later. */
+static struct dd_prof_unwinder **sessions;
+static size_t nsessions, sessions_cap;
+static uint64_t use_clock;
+static unsigned session_fds; /* held by every session's modules */
+static struct dd_prof_unwind_stats *stats;
+static dd_prof_rescan_fn *rescan;
+static void *rescan_arg;
+
+/* Sessions nobody holds, kept for a process with their list, at most. */
+#define KEPT_SESSIONS 16
+
+void dd_prof_unwind_setup(struct dd_prof_unwind_stats *s, dd_prof_rescan_fn *fn, void *arg)
+{
+    stats = s;
+    rescan = fn;
+    rescan_arg = arg;
+}
 
 static int64_t monotonic_ns(void)
 {
@@ -153,74 +182,209 @@ static bool overlap(const struct dd_prof_object *a, const struct dd_prof_object 
     return a->lo < b->hi && b->lo < a->hi;
 }
 
-static void report_object(Dwfl *dwfl, const struct dd_prof_object *o)
-{
-    /* libdwfl keeps (and closes) the descriptor it is given: a copy. */
-    int fd = o->fd >= 0 ? dup(o->fd) : -1;
-    if (fd < 0)
-        return;
-    if (dwfl_report_elf(dwfl, o->path, o->path, fd, o->bias, true) == NULL)
-        close(fd);
-}
-
-/* A new session with the latest object of every address range. */
-static void rebuild(struct dd_prof_unwinder *u)
+static void drop_dwfl(struct dd_prof_unwinder *u)
 {
     if (u->dwfl)
         dwfl_end(u->dwfl);
+    u->dwfl = NULL;
+    session_fds -= u->fds;
+    u->fds = 0;
+    for (size_t i = 0; i < u->n; i++)
+        u->layout[i].reported = false;
+}
+
+/* Room for `more` descriptors in the sessions' half of the budget: the
+ * libdwfl state of the least recently used other sessions is freed. */
+static void make_room(const struct dd_prof_unwinder *keep, unsigned more)
+{
+    unsigned budget = dd_prof_fd_budget() / 2;
+    while (session_fds + more > budget) {
+        struct dd_prof_unwinder *lru = NULL;
+        for (size_t i = 0; i < nsessions; i++)
+            if (sessions[i] != keep && sessions[i]->dwfl &&
+                (!lru || sessions[i]->last_use < lru->last_use))
+                lru = sessions[i];
+        if (lru == NULL)
+            return;
+        drop_dwfl(lru);
+    }
+}
+
+static void report_object(struct dd_prof_unwinder *u, size_t i)
+{
+    struct dd_prof_object *o = &u->objs->v[i];
+    /* libdwfl keeps (and closes) the descriptor it is given: a copy. */
+    int fd = dd_prof_file_fd(o->file);
+    int copy = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (fd >= 0 && copy < 0)
+        dd_prof_file_failed(o->file, "cannot open an unwinding session", strerror(errno));
+    if (copy < 0)
+        return;
+    if (dwfl_report_elf(u->dwfl, o->path, o->path, copy, o->bias, true) == NULL) {
+        dd_prof_file_failed(o->file, "libdwfl cannot read it", dwfl_errmsg(-1));
+        close(copy);
+        return;
+    }
+    u->layout[i].reported = true;
+    u->fds++;
+    session_fds++;
+}
+
+/* The session's libdwfl state, from the latest object of every address
+ * range of objs (its list). */
+static void build(struct dd_prof_unwinder *u)
+{
+    drop_dwfl(u);
+    make_room(u, (unsigned)u->n);
     u->dwfl = dwfl_begin(dd_prof_dwfl_callbacks());
     if (u->dwfl == NULL)
         return;
     dwfl_report_begin(u->dwfl);
-    for (size_t i = u->objs->n; i-- > 0;) {
+    for (size_t i = u->n; i-- > 0;) {
         bool hidden = false;
-        for (size_t j = i + 1; j < u->objs->n && !hidden; j++)
+        for (size_t j = i + 1; j < u->n && !hidden; j++)
             hidden = overlap(&u->objs->v[i], &u->objs->v[j]);
         if (!hidden)
-            report_object(u->dwfl, &u->objs->v[i]);
+            report_object(u, i);
     }
     dwfl_report_end(u->dwfl, NULL, NULL);
-    u->reported = u->objs->n;
+    u->files_generation = dd_prof_files_generation();
+    u->partial = false;
+    for (size_t i = 0; i < u->n; i++) {
+        bool hidden = false;
+        for (size_t j = i + 1; j < u->n && !hidden; j++)
+            hidden = overlap(&u->objs->v[i], &u->objs->v[j]);
+        u->partial |= !hidden && !u->layout[i].reported;
+    }
     /* The architecture comes from the modules' ELF headers. */
-    if (!dwfl_attach_state(u->dwfl, NULL, u->pid, &thread_callbacks, u)) {
-        dwfl_end(u->dwfl);
-        u->dwfl = NULL;
+    if (!dwfl_attach_state(u->dwfl, NULL, u->pid, &thread_callbacks, u))
+        drop_dwfl(u);
+}
+
+static bool layout_is(const struct dd_prof_unwinder *u, const struct dd_prof_objects *objs,
+                      size_t n)
+{
+    if (u->n != n || objs->n < n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (u->layout[i].file != objs->v[i].file || u->layout[i].bias != objs->v[i].bias)
+            return false;
+    return true;
+}
+
+/* Appends objs->v[from..] to the session's list; -1 if out of memory. */
+static int extend_layout(struct dd_prof_unwinder *u, const struct dd_prof_objects *objs)
+{
+    if (objs->n > u->cap) {
+        size_t cap = objs->n + 16;
+        struct layout_entry *v = realloc(u->layout, cap * sizeof *v);
+        if (v == NULL)
+            return -1;
+        u->layout = v;
+        u->cap = cap;
+    }
+    for (size_t i = u->n; i < objs->n; i++)
+        u->layout[i] = (struct layout_entry){objs->v[i].file, objs->v[i].bias, false};
+    return 0;
+}
+
+/* Frees sessions nobody holds beyond the ones kept, oldest first. */
+static void trim_kept(void)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < nsessions; i++)
+        kept += sessions[i]->holders == 0;
+    while (kept > KEPT_SESSIONS) {
+        size_t lru = nsessions;
+        for (size_t i = 0; i < nsessions; i++)
+            if (sessions[i]->holders == 0 &&
+                (lru == nsessions || sessions[i]->last_use < sessions[lru]->last_use))
+                lru = i;
+        struct dd_prof_unwinder *u = sessions[lru];
+        drop_dwfl(u);
+        free(u->layout);
+        free(u);
+        sessions[lru] = sessions[--nsessions];
+        kept--;
     }
 }
 
-/* Reports the objects recorded since the last call. */
-static void sync_modules(struct dd_prof_unwinder *u)
+void dd_prof_unwinder_release(struct dd_prof_unwinder *u)
 {
-    if (u->reported == u->objs->n && u->dwfl)
-        return;
-    /* (Fewer objects than reported: a list replaced under the session,
-     * which the caller should not do; start afresh rather than trust it.) */
-    bool fresh = u->dwfl == NULL || u->reported > u->objs->n;
-    for (size_t i = u->reported; i < u->objs->n && !fresh; i++)
-        for (size_t j = 0; j < i && !fresh; j++)
-            fresh = overlap(&u->objs->v[i], &u->objs->v[j]);
-    if (fresh) {
-        rebuild(u);
-        return;
-    }
-    dwfl_report_begin_add(u->dwfl);
-    for (size_t i = u->reported; i < u->objs->n; i++)
-        report_object(u->dwfl, &u->objs->v[i]);
-    dwfl_report_end(u->dwfl, NULL, NULL);
-    u->reported = u->objs->n;
-}
-
-struct dd_prof_unwinder *dd_prof_unwinder_new(pid_t pid, struct dd_prof_unwind_stats *stats,
-                                              dd_prof_rescan_fn *rescan, void *rescan_arg)
-{
-    struct dd_prof_unwinder *u = calloc(1, sizeof *u);
     if (u == NULL)
-        return NULL;
-    u->pid = pid;
-    u->stats = stats;
-    u->rescan = rescan;
-    u->rescan_arg = rescan_arg;
+        return;
+    if (u->holders > 0)
+        u->holders--;
+    trim_kept();
+}
+
+/* The session for a process whose objects are objs, held by it from now
+ * on (cur, the one it held, released or grown in place); NULL when out of
+ * memory. */
+static struct dd_prof_unwinder *fit(struct dd_prof_unwinder *cur, pid_t pid,
+                                    const struct dd_prof_objects *objs)
+{
+    if (cur && layout_is(cur, objs, objs->n))
+        return cur;
+    /* Its own session, and its list only grew: the session grows too. */
+    if (cur && cur->holders == 1 && layout_is(cur, objs, cur->n)) {
+        if (extend_layout(cur, objs) != 0)
+            return NULL;
+        size_t from = cur->n;
+        cur->n = objs->n;
+        cur->objs = objs;
+        bool fresh = cur->dwfl == NULL;
+        for (size_t i = from; i < objs->n && !fresh; i++)
+            for (size_t j = 0; j < i && !fresh; j++)
+                fresh = overlap(&objs->v[i], &objs->v[j]);
+        if (fresh) {
+            build(cur);
+        } else {
+            make_room(cur, (unsigned)(objs->n - from));
+            dwfl_report_begin_add(cur->dwfl);
+            for (size_t i = from; i < objs->n; i++)
+                report_object(cur, i);
+            dwfl_report_end(cur->dwfl, NULL, NULL);
+        }
+        return cur;
+    }
+    struct dd_prof_unwinder *u = NULL;
+    for (size_t i = 0; i < nsessions && u == NULL; i++)
+        if (layout_is(sessions[i], objs, objs->n))
+            u = sessions[i];
+    if (u == NULL) {
+        if (nsessions == sessions_cap) {
+            size_t cap = sessions_cap ? 2 * sessions_cap : 16;
+            struct dd_prof_unwinder **v = realloc(sessions, cap * sizeof *v);
+            if (v == NULL)
+                return NULL;
+            sessions = v;
+            sessions_cap = cap;
+        }
+        u = calloc(1, sizeof *u);
+        if (u == NULL || extend_layout(u, objs) != 0) {
+            free(u);
+            return NULL;
+        }
+        u->n = objs->n;
+        u->pid = pid;
+        sessions[nsessions++] = u;
+    }
+    u->holders++;
+    dd_prof_unwinder_release(cur);
     return u;
+}
+
+void dd_prof_unwinders_free(void)
+{
+    for (size_t i = 0; i < nsessions; i++) {
+        drop_dwfl(sessions[i]);
+        free(sessions[i]->layout);
+        free(sessions[i]);
+    }
+    free(sessions);
+    sessions = NULL;
+    nsessions = sessions_cap = 0;
 }
 
 static int on_frame(Dwfl_Frame *state, void *arg)
@@ -231,72 +395,83 @@ static int on_frame(Dwfl_Frame *state, void *arg)
     if (!dwfl_frame_pc(state, &pc, &activation))
         return DWARF_CB_ABORT;
     /* One slot is kept for the truncation mark. */
-    if (u->n + 1 >= u->max) {
+    if (u->n_frames + 1 >= u->max) {
         u->too_deep = true;
         return DWARF_CB_ABORT;
     }
-    u->frames[u->n++] = pc;
+    u->frames[u->n_frames++] = pc;
     return DWARF_CB_OK;
 }
 
-/* One walk into u->frames. Its result is not looked at: libdwfl ends
- * without an error both at the outermost frame and at a return address
- * it could not read; the reads tell the two apart. */
+/* One walk into u->frames, with the session's libdwfl state made if it
+ * has none. Its result is not looked at: libdwfl ends without an error
+ * both at the outermost frame and at a return address it could not read;
+ * the reads tell the two apart. */
 static void walk(struct dd_prof_unwinder *u)
 {
-    u->n = 0;
+    u->n_frames = 0;
     u->too_deep = false;
     u->read_past_copy = false;
+    u->last_use = ++use_clock;
+    if (u->dwfl == NULL ||
+        (u->partial && u->files_generation != dd_prof_files_generation()))
+        build(u);
     if (u->dwfl != NULL)
         dwfl_getthread_frames(u->dwfl, u->pid, on_frame, u);
 }
 
-uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_objects *objs,
+uint32_t dd_prof_unwind(struct dd_prof_unwind_hold *hold, pid_t pid,
+                        const struct dd_prof_objects *objs,
                         const struct dd_prof_stack_copy *copy, uint64_t *frames, uint32_t max)
 {
     int64_t t0 = monotonic_ns();
     if (max < 2)
         return 0;
+    struct dd_prof_unwinder *u = hold->session = fit(hold->session, pid, objs);
+    if (u == NULL)
+        return 0;
     u->objs = objs;
     u->copy = copy;
     u->frames = frames;
     u->max = max;
-    sync_modules(u);
     walk(u);
     /* A frame in no recorded object: a library mapped since the last
      * scan. The caller scans this process's maps again (while it lives,
-     * attaching to any new object with probes) and the walk is retried. */
-    uint64_t last = u->n ? frames[u->n - 1] : copy->regs[DD_PROF_REG_PC];
-    if (dd_prof_objects_find(u->objs, last) == NULL && t0 - u->last_rescan_ns > RESCAN_NS) {
-        u->last_rescan_ns = t0;
-        if (u->rescan(u->rescan_arg, u->pid)) {
-            sync_modules(u);
+     * attaching to any new object with probes) and the walk is retried,
+     * with the session of its grown list. */
+    uint64_t last = u->n_frames ? frames[u->n_frames - 1] : copy->regs[DD_PROF_REG_PC];
+    if (dd_prof_objects_find(objs, last) == NULL && t0 - hold->last_rescan_ns > RESCAN_NS) {
+        hold->last_rescan_ns = t0;
+        if (rescan(rescan_arg, pid)) {
+            if ((u = hold->session = fit(u, pid, objs)) == NULL)
+                return 0;
+            u->objs = objs;
+            u->copy = copy;
+            u->frames = frames;
+            u->max = max;
             walk(u);
         }
     }
-    if (u->n == 0) {
+    uint32_t n = u->n_frames;
+    if (n == 0) {
         /* Not even the probe site: keep it, so the sample still counts. */
-        frames[u->n++] = copy->regs[DD_PROF_REG_PC];
+        frames[n++] = copy->regs[DD_PROF_REG_PC];
     }
+    /* Where the walk ended, in an object whose file could not be read:
+     * the stack is cut there, and that file is said at the end. */
+    const struct dd_prof_object *end = dd_prof_objects_find(objs, frames[n - 1]);
+    if (end && !u->layout[(size_t)(end - objs->v)].reported)
+        end->file->cut_stacks++;
     /* libdwfl takes a return address it cannot read for the end of the
      * stack (and returns success): what ends a walk is told by the
      * reads, not by rc. */
     bool truncated = u->too_deep || u->read_past_copy;
     if (truncated) {
-        frames[u->n++] = DD_PROF_TRUNCATED_FRAME;
-        u->stats->truncated++;
+        frames[n++] = DD_PROF_TRUNCATED_FRAME;
+        stats->truncated++;
     }
-    u->stats->stacks++;
-    u->stats->frames += u->n;
-    u->stats->ns += (uint64_t)(monotonic_ns() - t0);
-    return u->n;
-}
-
-void dd_prof_unwinder_free(struct dd_prof_unwinder *u)
-{
-    if (u == NULL)
-        return;
-    if (u->dwfl)
-        dwfl_end(u->dwfl);
-    free(u);
+    stats->stacks++;
+    stats->frames += n;
+    stats->ns += (uint64_t)(monotonic_ns() - t0);
+    return n;
 }

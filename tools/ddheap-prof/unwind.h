@@ -23,10 +23,17 @@
  * "[truncated]". */
 #define DD_PROF_TRUNCATED_FRAME 0xfffffffffffff000ull
 
-/* One process's unwinding session. It is built from the process's objects
- * and follows their growth (a rescan, a dlopen); when the process replaces
- * them (a fork's copy of its parent's, an exec), free the session and
- * start a new one. */
+/* An unwinding session: built from a list of objects (each file at its
+ * load bias) and shared by every process whose objects are that list: a
+ * forking server's workers and its parent share one as long as none maps
+ * something of its own. A process holds one (NULL at first); when its
+ * objects grow (a rescan, a dlopen) it moves to the session of its new
+ * list (grown in place when it is the only holder); when it replaces them
+ * (a fork's copy of its parent's, an exec) or exits, it releases it.
+ * Sessions nobody holds are kept for the next process with that list;
+ * their libdwfl state (a descriptor per module) is freed, least recently
+ * used first, to stay within a share of the descriptor limit, and made
+ * again when needed. */
 struct dd_prof_unwinder;
 
 /* The stack as one alloc event carries it. */
@@ -47,16 +54,30 @@ struct dd_prof_unwind_stats {
  * most every 20 ms per session). Returns whether any object was added. */
 typedef bool dd_prof_rescan_fn(void *arg, pid_t pid);
 
-/* A session for the process pid; what it costs is added to *stats. */
-struct dd_prof_unwinder *dd_prof_unwinder_new(pid_t pid, struct dd_prof_unwind_stats *stats,
-                                              dd_prof_rescan_fn *rescan, void *rescan_arg);
-/* Fills frames (innermost first: the probe site, then return addresses)
- * and returns how many; at most max, the last possibly
- * DD_PROF_TRUNCATED_FRAME. objs is the process's list of objects, the
- * one the session has been following (it may have moved in memory since
- * the last call, but not been replaced); rescan adds to it. */
-uint32_t dd_prof_unwind(struct dd_prof_unwinder *u, const struct dd_prof_objects *objs,
+/* What every session costs is added to *stats; rescan is called for a
+ * frame in no object. Call once, before the first unwind. */
+void dd_prof_unwind_setup(struct dd_prof_unwind_stats *stats, dd_prof_rescan_fn *rescan,
+                          void *rescan_arg);
+/* What a process keeps of its unwinding (zeroed at first). */
+struct dd_prof_unwind_hold {
+    struct dd_prof_unwinder *session; /* NULL until its first stack */
+    /* When its maps were last rescanned for a frame in no object (at most
+     * every 20 ms: per process, as a process whose objects are not read
+     * yet shares the session of the empty list with others). */
+    int64_t last_rescan_ns;
+};
+
+/* Unwinds one stack of process pid, whose objects are objs (rescan adds to
+ * them), with the session it holds (replaced by the one that fits objs,
+ * the old one released). Fills frames (innermost first: the probe site,
+ * then return addresses) and returns how many; at most max, the last
+ * possibly DD_PROF_TRUNCATED_FRAME; 0 when out of memory. */
+uint32_t dd_prof_unwind(struct dd_prof_unwind_hold *hold, pid_t pid,
+                        const struct dd_prof_objects *objs,
                         const struct dd_prof_stack_copy *copy, uint64_t *frames, uint32_t max);
-void dd_prof_unwinder_free(struct dd_prof_unwinder *u);
+/* A process lets its session go (NULL: nothing). */
+void dd_prof_unwinder_release(struct dd_prof_unwinder *u);
+/* Every session, at the end of the run. */
+void dd_prof_unwinders_free(void);
 
 #endif
