@@ -45,6 +45,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -182,6 +183,17 @@ def test_own(c, b):
     c.equal(p.stdout.splitlines(), plain.splitlines() * 2, "own_malloc twice from a shell: same output")
     c.equal(UNPROFILED.findall(p.stderr), [],
             f"own_malloc from a shell: nothing said inside the processes ({p.stderr.strip()!r})")
+    # A script whose interpreter (#!) is the program: ddheap-run checks the
+    # interpreter, the executable the dynamic linker loads.
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "script")
+        with open(script, "w") as f:
+            f.write(f"#!{path}\n")
+        os.chmod(script, 0o755)
+        p = run([b.run, script], base_env("glibc"), "a script run by own_malloc under ddheap-run")
+    notice = UNPROFILED.findall(p.stderr)
+    c.check(len(notice) == 1 and f"malloc is defined by {path}" in notice[0],
+            f"a script whose interpreter is own_malloc: said once ({p.stderr.strip()!r})")
 
 
 def test_unwrappable(c, b):
