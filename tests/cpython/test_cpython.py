@@ -20,7 +20,7 @@ Configurations, each module in a process of its own:
 Every run starts with every signal at its default action and none blocked
 (a CI runner may start processes with some ignored, which CPython's tests
 notice), stdin from /dev/null, in a temporary directory removed at the
-end. Two runs at a time, longest modules first. A module that fails is
+end. Two runs at a time, longest first. A module that fails is
 run again once by regrtest itself (-w), in every configuration alike, so a
 test that is flaky on a loaded machine does not fail the comparison; what
 ddheap breaks fails both times. Prints each module's time per
@@ -123,7 +123,9 @@ class Run:
 
 
 def run_all(ddheap_run, ddheap_prof, work):
-    jobs = [(m, c) for m in MODULES for c in CONFIGS]
+    # Longest first, so the two slots end together: the modules in their
+    # order, each under ddheap-prof (the dearest) first.
+    jobs = [(m, c) for m in MODULES for c in reversed(CONFIGS)]
     running, done = [], []
     try:
         while jobs or running:
