@@ -177,11 +177,11 @@ DDHEAP_API int dd_heap_thread_sampling_status(void);
  * rewrites what was loaded past the hooks meanwhile; it may be called
  * while other threads dlopen. Returns 0, or an errno value:
  *   ENOTSUP  this archive was not built with -Dmarking=shadow, the only
- *            scheme that survives frees past the hooks (a line on stderr
- *            says so; nothing is changed);
+ *            scheme that survives frees past the hooks (nothing is
+ *            changed);
  *   EBUSY    malloc in this process already runs ddheap's hooks
  *            (libddheap_preload.so, or a program that wires them) or is a
- *            sanitizer's (a line on stderr; nothing is changed);
+ *            sanitizer's (nothing is changed);
  *   ENOSYS   no dynamic linker to ask (a static program);
  *   ENOMEM, or mprotect's error: some entries could not be rewritten. */
 DDHEAP_API int dd_heap_interpose_libc(void);

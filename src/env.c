@@ -2,14 +2,13 @@
  * DD_HEAP_SAMPLING_ENABLED, DD_HEAP_SAMPLING_INTERVAL and
  * DD_HEAP_SAMPLES_PER_SECOND, read once.
  * getenv() allocates nothing; the parsing below is ours (strtoull would
- * consult the locale). A bad value is reported once on stderr, through
- * write(2) (stdio may allocate), and the default is kept.
+ * consult the locale). A bad value keeps the default and sets a bit of the
+ * process-wide status word (below).
  */
 #include "internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static bool is_word(const char *text, const char *word)
 {
@@ -87,19 +86,14 @@ bool ddheap_parse_rate(const char *text, uint64_t *out)
     return true;
 }
 
-static void complain(const char *name, const char *value, const char *what)
+/* A bad value keeps the default and is recorded in the process-wide status
+ * word, never written on the program's stderr: the program, and every
+ * process it starts with the same environment, must print exactly what
+ * it prints without ddheap. A profiler reads the word (ddheap-prof says
+ * which variable was ignored); ddheap-run checks the values before exec. */
+static void complain(uint64_t status_bit)
 {
-    /* One write per message, so concurrent processes do not interleave. */
-    char line[256];
-    size_t n = 0;
-    const char *parts[] = {"ddheap: ignoring ", name, "=\"", value, "\": ", what, "\n"};
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        for (const char *c = parts[i]; *c && n < sizeof line - 1; c++)
-            line[n++] = *c;
-    if (n == sizeof line - 1)
-        line[n - 1] = '\n';
-    ssize_t ignored = write(STDERR_FILENO, line, n);
-    (void)ignored;
+    __atomic_fetch_or(&ddheap_shared_v3.status, status_bit, __ATOMIC_RELAXED);
 }
 
 struct ddheap_config ddheap_read_environment(void)
@@ -109,19 +103,15 @@ struct ddheap_config ddheap_read_environment(void)
     if (enabled) {
         int on = ddheap_parse_enabled(enabled);
         if (on < 0)
-            complain("DD_HEAP_SAMPLING_ENABLED", enabled,
-                     "expected 1/true/yes/on or 0/false/no/off; sampling stays enabled");
+            complain(DDHEAP__STATUS_BAD_ENABLED); /* sampling stays enabled */
         else
             c.enabled = on == 1;
     }
     const char *interval = getenv("DD_HEAP_SAMPLING_INTERVAL");
     if (interval && !ddheap_parse_interval(interval, &c.interval))
-        complain("DD_HEAP_SAMPLING_INTERVAL", interval,
-                 "expected a positive byte count such as 524288 or 512k; using 524288");
+        complain(DDHEAP__STATUS_BAD_INTERVAL); /* 524288 */
     const char *rate = getenv("DD_HEAP_SAMPLES_PER_SECOND");
     if (rate && !ddheap_parse_rate(rate, &c.samples_per_second))
-        complain("DD_HEAP_SAMPLES_PER_SECOND", rate,
-                 "expected a whole number of samples per second, 0 for no limit; using "
-                 DDHEAP_DEFAULT_SAMPLES_PER_SECOND_TEXT);
+        complain(DDHEAP__STATUS_BAD_RATE); /* the default limit */
     return c;
 }

@@ -18,7 +18,6 @@
 /* Default ceiling on samples per second (docs/performance.md, "Rate
  * limit", says why this value). */
 #define DDHEAP_DEFAULT_SAMPLES_PER_SECOND UINT64_C(3000)
-#define DDHEAP_DEFAULT_SAMPLES_PER_SECOND_TEXT "3000"
 
 /* Alignment limit of sampling: larger (and non-power-of-two) alignments
  * pass through unsampled. 1 GiB covers every huge page size. */

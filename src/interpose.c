@@ -653,22 +653,16 @@ static void reset_lock_in_child(void)
     pthread_mutex_init(&lock, NULL);
 }
 
-static void say(const char *line)
-{
-    ssize_t ignored = write(STDERR_FILENO, line, strlen(line));
-    (void)ignored;
-}
-
 int dd_heap_interpose_libc(void)
 {
     static int atfork_registered;
     if (__atomic_exchange_n(&atfork_registered, 1, __ATOMIC_ACQ_REL) == 0)
         (void)pthread_atfork(NULL, NULL, reset_lock_in_child);
+    /* EBUSY: malloc already runs the ddheap hooks (libddheap_preload.so, or
+     * a program that wires them itself) or is a sanitizer's; nothing is
+     * rewritten. Said by the return value only: nothing in a profiled
+     * process writes on its streams (docs/interpose.md). */
     int result = find_bindings();
-    if (result == EBUSY)
-        say("ddheap: dd_heap_interpose_libc: malloc in this process already runs the ddheap "
-            "hooks (libddheap_preload.so, or a program that wires them itself) or is a "
-            "sanitizer's; nothing rewritten\n");
     if (result != 0)
         return result;
     ddheap_process_init();
@@ -692,19 +686,12 @@ int dd_heap_interpose_libc_stop(void)
 
 #else /* not the shadow scheme */
 
-static void refuse(void)
-{
-    static const char line[] =
-        "ddheap: dd_heap_interpose_libc: this libddheap.a marks sampled blocks in a way that "
-        "frees past the hooks would corrupt; rebuild it with meson -Dmarking=shadow "
-        "(docs/interpose.md)\n";
-    ssize_t ignored = write(STDERR_FILENO, line, sizeof line - 1);
-    (void)ignored;
-}
-
+/* This libddheap.a marks sampled blocks in a way that frees past the hooks
+ * would corrupt: ENOTSUP, and nothing written on the program's streams;
+ * the remedy (meson -Dmarking=shadow) is in docs/interpose.md and
+ * <ddheap.h>. */
 int dd_heap_interpose_libc(void)
 {
-    refuse();
     return ENOTSUP;
 }
 

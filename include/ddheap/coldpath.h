@@ -78,6 +78,15 @@ extern uint32_t ddheap__tracer_gate DDHEAP__HIDDEN;
 #define DDHEAP__SHADOW_SUMMARY_BITS 20u
 #define DDHEAP__SHADOW_LEVELS 14u
 
+/* ddheap__shared.status: bits of what the library could not do. */
+#define DDHEAP__STATUS_MALLOC_AHEAD 1u      /* malloc is bound to a definition ahead of
+                                               libddheap_preload.so: unprofiled */
+#define DDHEAP__STATUS_PREFIXED_ONLY 2u     /* an allocator with prefixed names only
+                                               (je_malloc) is loaded: unprofiled */
+#define DDHEAP__STATUS_BAD_ENABLED 4u       /* DD_HEAP_SAMPLING_ENABLED ignored */
+#define DDHEAP__STATUS_BAD_INTERVAL 8u      /* DD_HEAP_SAMPLING_INTERVAL ignored */
+#define DDHEAP__STATUS_BAD_RATE 16u         /* DD_HEAP_SAMPLES_PER_SECOND ignored */
+
 struct ddheap__table_slot {
     uintptr_t user;  /* 0: free slot */
     uint64_t meta;   /* offset, extra, reported (src/mark.h) */
@@ -114,7 +123,14 @@ struct ddheap__shared {
     uint64_t table_overflow; /* entries placed outside their probe window */
     uint32_t free_gates_open; /* ddheap__free_gate: see below */
     uint32_t free_gate_count; /* slots of free_gates handed out */
-    uint64_t line2_pad[5];
+    /* What the library found wrong in this process, DDHEAP__STATUS_* bits
+     * set with an atomic OR (never cleared). The library writes nothing on
+     * the program's streams: a profiler reads this word from the process
+     * (ddheap-prof does, and says it on its own stderr). It was padding in
+     * earlier libraries, which leave it 0: the layout and size are
+     * unchanged, so the `_v3` name stays. */
+    uint64_t status;
+    uint64_t line2_pad[4];
     struct ddheap__table_slot table[DDHEAP__TABLE_SLOTS];
     /* The address of each copy's ddheap__free_gate (bit 0 set while an
      * opener writes through it; NULL once the copy is unloaded). */

@@ -3,14 +3,14 @@
 # where the first passed (suites: tests/meson.build; times and the reasons
 # in docs/reliability.md, "How long the suite takes"):
 #
-#   header debug    everything but suites 'ratelimit', 'estimates' and
-#                   'packaging'
+#   header debug    everything but suites 'ratelimit', 'estimates',
+#                   'packaging' and 'cpython'
 #   header release  everything but suite 'once'
 #   shadow release  everything the marking scheme changes: all but suites
 #                   'once', 'ratelimit' (rates do not depend on the scheme),
-#                   'packaging' and 'preload' (the preload library always
-#                   marks with the shadow scheme: it is the same in the
-#                   header builds)
+#                   'packaging', 'preload' and 'cpython' (the preload
+#                   library always marks with the shadow scheme: it is the
+#                   same in the header builds)
 #   shadow debug    suite 'frames', what the build type changes (probe
 #                   registers, the frames a tracer walks); the rest of
 #                   this scheme's debug build runs in stages 20 and 30,
@@ -24,7 +24,9 @@
 # ship; suite 'estimates' checks what the shipped scripts report, which the
 # scheme changes and the build type does not; suite 'packaging' (the
 # installed consumers) runs here in the release build and in every build of
-# stage 20. The tracer and prof suites need root.
+# stage 20. Suite 'cpython' (CPython's regression tests under
+# ddheap-run and ddheap-prof, ~3 min) runs in the release build only, the
+# build users ship. The tracer, prof and cpython suites need root.
 set -euo pipefail
 setup() { # dir, options...
   local dir=$1; shift
@@ -42,7 +44,8 @@ run() { # dir, meson test selection...
 # out quietly because a dependency went missing. The benchmarks are
 # compiled once, in the release build (no test runs them; bench/run does).
 setup build-ci/native-debug -Dbuildtype=debug -Dprof=enabled -Dbench=false
-run build-ci/native-debug --no-suite ratelimit --no-suite estimates --no-suite packaging
+run build-ci/native-debug --no-suite ratelimit --no-suite estimates --no-suite packaging \
+  --no-suite cpython
 setup build-ci/native-release -Dbuildtype=release -Dprof=enabled
 run build-ci/native-release --no-suite once
 # ddheap-prof does not depend on how the library marks blocks: its suite
@@ -50,7 +53,7 @@ run build-ci/native-release --no-suite once
 shadow=(-Dmarking=shadow -Dprof=disabled -Dbench=false -Dexamples=false)
 setup build-ci/native-shadow-release -Dbuildtype=release "${shadow[@]}"
 run build-ci/native-shadow-release --no-suite once --no-suite ratelimit --no-suite preload \
-  --no-suite packaging
+  --no-suite packaging --no-suite cpython
 setup build-ci/native-shadow-debug -Dbuildtype=debug "${shadow[@]}"
 run build-ci/native-shadow-debug --suite frames
 dir=build-ci/native-nolive-otel

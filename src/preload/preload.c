@@ -60,12 +60,11 @@
 #include "libc_family.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <malloc.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define PUBLIC __attribute__((visibility("default")))
 
@@ -536,47 +535,83 @@ preload_free_aligned_sized(ddheap_free_aligned_sized_via **slot, void *ptr, size
 
 /* --- start-up --- */
 
-/* What ddheap-run asks for (DDHEAP_RUN_NOTICE=1): a line on stderr when
- * this library is not in charge of malloc, so the program's allocations
- * are not profiled (it runs as without ddheap). */
-static void notice_unprofiled(void)
+/* Whether the object `l` itself defines malloc (not one of its
+ * dependencies): dlsym on its handle searches it first. */
+static bool object_defines_malloc(struct link_map *l)
 {
-    const char *ask = getenv("DDHEAP_RUN_NOTICE");
-    if (ask == NULL || strcmp(ask, "1") != 0)
-        return;
-    char line[512];
-    int n = 0;
-    Dl_info info, self;
+    if (l->l_name == NULL || l->l_name[0] == '\0')
+        return false;
+    void *handle = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == NULL)
+        return false;
+    void *found = dlsym(handle, "malloc");
+    struct link_map *owner = NULL;
+    Dl_info info;
+    bool defines = found != NULL && dladdr1(found, &info, (void **)&owner, RTLD_DL_LINKMAP) != 0 &&
+                   owner == l;
+    dlclose(handle);
+    return defines;
+}
+
+/* Whether malloc, as the process binds it, is defined by an object other
+ * than this library (`self`). dlsym(RTLD_DEFAULT) answers unless the
+ * executable holds a canonical PLT entry: a non-PIE executable that takes
+ * malloc's address (Debian's python3) has an UNDEFINED dynamic symbol
+ * `malloc` whose value is its PLT entry, so that every object sees one
+ * address for the function. Lookups by name return that entry, which only
+ * jumps to the real binding; dladdr1 reports the symbol, and its section
+ * index says it is not a definition. The binding is then the first
+ * definition after the executable: one of the objects loaded before this
+ * library (an allocator preloaded ahead of it), or this library. */
+static bool malloc_defined_elsewhere(struct link_map *self)
+{
     void *bound = dlsym(RTLD_DEFAULT, "malloc");
+    Dl_info info;
+    const ElfW(Sym) *sym = NULL;
+    struct link_map *owner = NULL;
+    if (bound == NULL || dladdr1(bound, &info, (void **)&owner, RTLD_DL_LINKMAP) == 0)
+        return false;
+    if (owner == self)
+        return false;
+    if (dladdr1(bound, &info, (void **)&sym, RTLD_DL_SYMENT) == 0 || sym == NULL ||
+        sym->st_shndx != SHN_UNDEF)
+        return true;
+    for (struct link_map *l = self->l_prev; l != NULL && l->l_prev != NULL; l = l->l_prev)
+        if (object_defines_malloc(l))
+            return true;
+    return false;
+}
+
+/* Records in the process-wide status word (never on the program's
+ * streams: docs/interpose.md) when this library is not in charge of
+ * malloc, so the program's allocations are not profiled: malloc defined
+ * ahead of it (by the executable, an earlier preloaded allocator or a
+ * sanitizer's runtime), or an allocator with prefixed names only
+ * (je_malloc). ddheap-prof reads the word and says it. */
+static void record_unprofiled(void)
+{
+    Dl_info info;
+    struct link_map *self = NULL;
     /* Not `malloc` itself: in this position-independent code its address
      * is the process's binding, whoever defines it. */
-    if (dladdr(AS_DATA(notice_unprofiled), &self) == 0)
+    if (dladdr1(AS_DATA(record_unprofiled), &info, (void **)&self, RTLD_DL_LINKMAP) == 0 ||
+        self == NULL)
         return;
-    void *prefixed = NULL;
-    const char *prefixed_name = NULL;
-    static const char *const prefixed_names[] = {"je_malloc", "_rjem_malloc", "je_mallocx"};
-    for (size_t i = 0; prefixed == NULL && i < sizeof prefixed_names / sizeof *prefixed_names; i++)
-        if ((prefixed = dlsym(RTLD_DEFAULT, prefixed_names[i])) != NULL)
-            prefixed_name = prefixed_names[i];
-    if (bound != NULL && dladdr(bound, &info) != 0 && info.dli_fbase != self.dli_fbase)
-        n = snprintf(line, sizeof line,
-                     "ddheap-run: malloc is defined by %s, ahead of libddheap_preload.so: "
-                     "the program runs with it, unprofiled\n",
-                     info.dli_fname != NULL && info.dli_fname[0] ? info.dli_fname : "the program");
-    else if (prefixed != NULL && dladdr(prefixed, &info) != 0)
-        n = snprintf(line, sizeof line,
-                     "ddheap-run: %s allocates through %s (an allocator with prefixed names "
-                     "only), which ddheap cannot wrap: those allocations are not profiled\n",
-                     info.dli_fname != NULL && info.dli_fname[0] ? info.dli_fname : "the program",
-                     prefixed_name);
-    if (n > 0) {
-        ssize_t ignored = write(STDERR_FILENO, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-        (void)ignored;
+    uint64_t status = 0;
+    if (malloc_defined_elsewhere(self)) {
+        status = DDHEAP__STATUS_MALLOC_AHEAD;
+    } else {
+        static const char *const prefixed[] = {"je_malloc", "_rjem_malloc", "je_mallocx"};
+        for (size_t i = 0; i < sizeof prefixed / sizeof *prefixed; i++)
+            if (dlsym(RTLD_DEFAULT, prefixed[i]) != NULL)
+                status = DDHEAP__STATUS_PREFIXED_ONLY;
     }
+    if (status != 0)
+        __atomic_fetch_or(&ddheap_shared_v3.status, status, __ATOMIC_RELAXED);
 }
 
 __attribute__((constructor)) static void resolve_at_load(void)
 {
     (void)resolve();
-    notice_unprofiled();
+    record_unprofiled();
 }

@@ -55,6 +55,11 @@ preload="$prefix/$libdir/libddheap_preload.so"
 test -f "$work/root$preload"; result $? "installed $libdir/libddheap_preload.so"
 test -x "$work/root$prefix/bin/ddheap-run" && grep -q "$preload" "$work/root$prefix/bin/ddheap-run"
 result $? "installed bin/ddheap-run, naming $preload"
+# Its helper, which reads the program's dynamic symbols before exec.
+libexecdir=$(meson introspect --buildoptions "$build" | python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"]=="libexecdir"))')
+run_check="$prefix/$libexecdir/ddheap-run-check"
+test -x "$work/root$run_check" && grep -q "$run_check" "$work/root$prefix/bin/ddheap-run"
+result $? "installed $libexecdir/ddheap-run-check, named by ddheap-run"
 # The bpftrace line it prints (before it runs the command) names the
 # installed ddheap-live.bt.
 script=$({ DDHEAP_PRELOAD_LIB="$work/root$preload" "$work/root$prefix/bin/ddheap-run" true 2>&1 >/dev/null ||
@@ -68,7 +73,8 @@ if [ "$sanitize" != none ]; then
   echo "note   installed ddheap-run not run with the library: this build is -fsanitize=$sanitize"
 else
   rc=0
-  out=$(DDHEAP_PRELOAD_LIB="$work/root$preload" "$work/root$prefix/bin/ddheap-run" sh -c 'echo "$LD_PRELOAD"' 2>/dev/null) &&
+  out=$(DDHEAP_PRELOAD_LIB="$work/root$preload" DDHEAP_RUN_CHECK="$work/root$run_check" \
+        "$work/root$prefix/bin/ddheap-run" sh -c 'echo "$LD_PRELOAD"' 2>/dev/null) &&
     [ "$out" = "$work/root$preload" ] || rc=1
   result $rc "installed ddheap-run preloads the library"
 fi

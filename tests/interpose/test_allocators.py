@@ -17,9 +17,12 @@ Tests that need no tracer (suite 'unit'):
              allocator's own statistics saw of a 48 MiB block within 10 %
              of it without ddheap, and no "unprofiled" notice (the
              library is in charge of malloc). mimalloc also preloaded
-             ahead of ddheap: same output, said to run unprofiled.
+             ahead of ddheap: same output, nothing on its stderr.
   own        a program that defines its own malloc family: same output,
-             every block its own (reallocarray and glibc's strdup too)
+             every block its own (reallocarray and glibc's strdup too);
+             ddheap-run says once that it runs unprofiled, and nothing
+             is said when a shell under ddheap-run runs it (the notice is
+             ddheap-run's, never the program's)
   unwrappable  a statically linked jemalloc, an allocator with prefixed
              names only, a static executable: each runs as without ddheap
              and ddheap-run says why it is unprofiled
@@ -42,6 +45,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,8 +83,7 @@ class Build:
 def base_env(allocator):
     """The environment a program of `allocator` runs in without ddheap."""
     env = dict(os.environ)
-    for k in ("LD_PRELOAD", "DD_HEAP_SAMPLING_INTERVAL", "DD_HEAP_SAMPLING_ENABLED",
-              "DDHEAP_RUN_NOTICE"):
+    for k in ("LD_PRELOAD", "DD_HEAP_SAMPLING_INTERVAL", "DD_HEAP_SAMPLING_ENABLED"):
         env.pop(k, None)
     env["DD_HEAP_SAMPLES_PER_SECOND"] = "0"  # no rate limit: interval 1 means every block
     if allocator == "mimalloc":
@@ -151,14 +154,13 @@ def test_allocator(c, b, allocator):
         if allocator == "mimalloc":
             # Preloaded ahead of ddheap (not what ddheap-run does): mimalloc's
             # functions win the lookup, the library forwards nothing, and
-            # says so when asked.
-            ahead = {**env, "LD_PRELOAD": f"{MIMALLOC}:{b.lib}", "DDHEAP_RUN_NOTICE": "1",
-                     "DD_HEAP_SAMPLING_INTERVAL": "1"}
+            # writes nothing on the program's streams (it records it in
+            # the status word ddheap-prof reads).
+            ahead = {**env, "LD_PRELOAD": f"{MIMALLOC}:{b.lib}", "DD_HEAP_SAMPLING_INTERVAL": "1"}
             p = run([path], ahead, f"{program} with mimalloc ahead of ddheap")
             c.equal(result_lines(p.stdout), result_lines(plain),
                     f"{program}, mimalloc preloaded ahead of ddheap: same output")
-            c.check("libmimalloc" in p.stderr and "unprofiled" in p.stderr,
-                    f"{program}, mimalloc ahead: said to run unprofiled ({p.stderr.strip()!r})")
+            c.equal(p.stderr, "", f"{program}, mimalloc ahead: nothing on the program's stderr")
 
 
 def test_own(c, b):
@@ -169,8 +171,29 @@ def test_own(c, b):
         p = run([b.run, path], {**base_env("glibc"), **extra}, f"own_malloc under ddheap-run {extra}")
         c.equal(p.stdout.splitlines(), plain.splitlines(),
                 f"own_malloc under ddheap-run {extra or '(default)'}: same output")
-        c.check("malloc is defined by" in p.stderr and "unprofiled" in p.stderr,
-                f"own_malloc {extra or '(default)'}: said to run with its own malloc, unprofiled")
+        notice = UNPROFILED.findall(p.stderr)
+        c.check(len(notice) == 1 and "malloc is defined by" in notice[0],
+                f"own_malloc {extra or '(default)'}: said once to run with its own malloc, "
+                f"unprofiled ({p.stderr.strip()!r})")
+    # Said by ddheap-run before exec, in its own process, never by the
+    # program: two runs of it from a shell under ddheap-run (which checks
+    # the shell, whose malloc is wrapped) print nothing at all of it.
+    p = run([b.run, "/bin/sh", "-c", f'"{path}" && "{path}"'], base_env("glibc"),
+            "own_malloc twice from a shell under ddheap-run")
+    c.equal(p.stdout.splitlines(), plain.splitlines() * 2, "own_malloc twice from a shell: same output")
+    c.equal(UNPROFILED.findall(p.stderr), [],
+            f"own_malloc from a shell: nothing said inside the processes ({p.stderr.strip()!r})")
+    # A script whose interpreter (#!) is the program: ddheap-run checks the
+    # interpreter, the executable the dynamic linker loads.
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "script")
+        with open(script, "w") as f:
+            f.write(f"#!{path}\n")
+        os.chmod(script, 0o755)
+        p = run([b.run, script], base_env("glibc"), "a script run by own_malloc under ddheap-run")
+    notice = UNPROFILED.findall(p.stderr)
+    c.check(len(notice) == 1 and f"malloc is defined by {path}" in notice[0],
+            f"a script whose interpreter is own_malloc: said once ({p.stderr.strip()!r})")
 
 
 def test_unwrappable(c, b):

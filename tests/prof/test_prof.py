@@ -2,7 +2,8 @@
 """The ddheap-prof suite: the profiler (tools/ddheap-prof) attached to the
 tracer suite's workload, its profile read back by Debian's `go tool pprof`
 and checked against the workload's own ground truth; the flame graph opened
-in headless chromium; lost events; attaching with -p; bad inputs.
+in headless chromium; lost events; attaching with -p; bad inputs; what the
+library records in its status word (test_status).
 
     test_prof.py TEST DDHEAP_PROF WORKLOAD ARTIFACT_DIR [EXTRA]
 
@@ -599,6 +600,37 @@ def test_preload(c, prof, workload, artifacts, extra):
                 f"{site}: alloc_space, alloc_objects, inuse_space, inuse_objects")
 
 
+STATUS_LINE = re.compile(r"^ddheap-prof: pid (\d+) \((\S+)\): (.*)$", re.M)
+
+
+def test_status(c, prof, workload, artifacts, extra):
+    """What the library finds wrong inside a process, it records in its
+    status word and never writes on the program's streams; ddheap-prof
+    reads the word and says it, once per kind. mimalloc preloaded ahead of
+    the library and a bad interval: one line each, naming the process;
+    the library alone with good values: none."""
+    preload = os.path.abspath(extra[0])
+    pb = os.path.join(artifacts, "status.pb.gz")
+    cases = [
+        ({"LD_PRELOAD": f"libmimalloc.so.2:{preload}", "DD_HEAP_SAMPLING_INTERVAL": "12q"},
+         ["malloc is bound to a definition ahead", "DD_HEAP_SAMPLING_INTERVAL is not"]),
+        ({"LD_PRELOAD": preload, "DD_HEAP_SAMPLING_INTERVAL": "64k"}, []),
+    ]
+    for env, want in cases:
+        # The program lives 1 s: the word is read at each rescan (0.2 s).
+        r = subprocess.run([prof, "-o", pb, "--", "env"] + [f"{k}={v}" for k, v in env.items()] +
+                           ["sleep", "1"], capture_output=True, text=True, timeout=120)
+        what = " ".join(f"{k}={v}" for k, v in env.items())
+        c.equal(r.returncode, 0, f"{what}: exit status ({r.stderr.strip()[-300:]})")
+        said = STATUS_LINE.findall(r.stderr)
+        c.equal(sorted(w for w in want if any(text.startswith(w) for _, _, text in said)),
+                sorted(want), f"{what}: what ddheap-prof says of the library ({said})")
+        c.equal(len(said), len(want), f"{what}: one line per kind")
+        c.check(all(name == "sleep" for _, name, _ in said), f"{what}: the process named")
+        c.equal([l for l in r.stderr.splitlines() if not l.startswith("ddheap-prof: ")], [],
+                f"{what}: nothing else on stderr (the program's own, shared with ddheap-prof)")
+
+
 def test_inline(c, prof, workload, artifacts, extra):
     """A helper always inlined into its call site (-O2 -g): the location
     of the return address carries two lines, the helper inlined into the
@@ -628,7 +660,7 @@ def test_inline(c, prof, workload, artifacts, extra):
             (t["alloc_bytes"], t["live_count"]), "alloc_space and inuse_objects of the site")
 
 
-TESTS = {"inline": test_inline, "sigint": test_sigint, "duration": test_duration, "preload": test_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
+TESTS = {"inline": test_inline, "sigint": test_sigint, "duration": test_duration, "preload": test_preload, "status": test_status, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
          "lost": test_lost, "errors": test_errors, "thread-id": test_thread_id}
 
 

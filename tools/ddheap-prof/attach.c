@@ -139,6 +139,7 @@ int dd_prof_rescan(struct prof *p, struct dd_prof_proc *proc)
             o->attached = true;
         }
     }
+    dd_prof_read_library_status(p, proc);
     return (int)p->nattached;
 }
 

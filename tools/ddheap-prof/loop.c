@@ -491,6 +491,10 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
     }
     if (stop_requested)
         p->interrupted = true;
+    /* The processes that still run (-p, -d, Ctrl-C) said what they had to. */
+    for (size_t i = 0; i < p->proc_ids.n; i++)
+        if (!p->procs[i].gone)
+            dd_prof_read_library_status(p, &p->procs[i]);
     /* Everything the programs wrote before the end is in the buffers. */
     ring_buffer__consume(p->rb);
     dd_prof_apply_exits(p);

@@ -159,6 +159,7 @@ int main(int argc, char **argv)
     int child_status = 0;
     bool exited = false;
     bool cut_short = dd_prof_run_loop(&p, &exited, &child_status);
+    dd_prof_report_library_status(&p);
     /* The command's status is passed on when its end ended the run (not
      * Ctrl-C or -d, after which it may still run, and runs free). */
     int rc = 0;

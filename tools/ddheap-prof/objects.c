@@ -498,6 +498,16 @@ static uint64_t dynamic_symbol(Elf *elf, const char *want)
     return 0;
 }
 
+uint64_t dd_prof_elf_dynamic_symbol(int fd, const char *name)
+{
+    Elf *elf = open_elf(fd);
+    if (elf == NULL)
+        return 0;
+    uint64_t value = dynamic_symbol(elf, name);
+    elf_end(elf);
+    return value;
+}
+
 bool dd_prof_elf_loader_hook(int fd, uint64_t *offset, int64_t *to_state)
 {
     Elf *elf = open_elf(fd);

@@ -78,6 +78,10 @@ struct dd_prof_object {
     const char *build_id; /* its file's, hex, "" if none */
     unsigned probes;   /* DD_PROF_HAS_ALLOC | DD_PROF_HAS_FREE of the provider */
     bool attached;
+    /* The link-time address of the object's ddheap_shared_v3, if it defines
+     * it (0: not looked up yet, or none: see status_looked). */
+    uint64_t shared_vaddr;
+    bool status_looked;
 };
 
 struct dd_prof_objects {
@@ -108,6 +112,9 @@ void dd_prof_objects_free(struct dd_prof_objects *objs);
 /* dst (empty) becomes a copy of src (sharing its files): a forked
  * process's objects are its parent's. Returns 0 or -1. */
 int dd_prof_objects_copy(struct dd_prof_objects *dst, const struct dd_prof_objects *src);
+
+/* The value of the dynamic symbol `name` in the ELF file, or 0. */
+uint64_t dd_prof_elf_dynamic_symbol(int fd, const char *name);
 
 /* Whether the ELF file is glibc's dynamic loader, with the debugger's
  * hook: *offset is the file offset of _dl_debug_state, *to_state the

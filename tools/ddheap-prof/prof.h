@@ -83,6 +83,11 @@ struct dd_prof_proc {
 
 struct prof {
     struct options opt;
+    /* What the library recorded in the processes' status words
+     * (libstatus.c): every bit seen, and the first process seen with each. */
+    uint64_t lib_status;
+    pid_t lib_status_pid[8];
+    char *lib_status_name[8];
     pid_t pid; /* the target: the command started, or -p */
     bool child; /* started by us (our child: stopped at its execs) */
     int child_pidfd; /* readable once it has exited */
@@ -173,6 +178,11 @@ bool dd_prof_process_gone(pid_t pid);
 /* The mean sampling interval the process runs with, as its environment
  * says (ddheap's default otherwise). */
 uint64_t dd_prof_interval_of(pid_t pid);
+
+/* libstatus.c: what the library recorded in the process's status word,
+ * read now; said once per kind by dd_prof_report_library_status. */
+void dd_prof_read_library_status(struct prof *p, struct dd_prof_proc *proc);
+void dd_prof_report_library_status(struct prof *p);
 
 /* attach.c */
 /* Rescans the maps of the process and attaches to every object with
