@@ -58,17 +58,21 @@ void dd_prof_read_library_status(struct prof *p, struct dd_prof_proc *proc)
 {
     for (size_t i = 0; i < proc->objs.n; i++) {
         struct dd_prof_object *o = &proc->objs.v[i];
-        if (!(o->probes & DD_PROF_HAS_ALLOC) || o->fd < 0)
+        if (!(o->probes & DD_PROF_HAS_ALLOC) || !o->file)
             continue;
-        if (!o->status_looked) {
-            o->shared_vaddr = dd_prof_elf_dynamic_symbol(o->fd, "ddheap_shared_v3");
-            o->status_looked = true;
+        struct dd_prof_file *f = o->file;
+        if (!f->status_looked) { /* once per file, whatever maps it */
+            int fd = dd_prof_file_fd(f);
+            if (fd < 0)
+                continue;
+            f->shared_vaddr = dd_prof_elf_dynamic_symbol(fd, "ddheap_shared_v3");
+            f->status_looked = true;
         }
-        if (o->shared_vaddr == 0)
+        if (f->shared_vaddr == 0)
             continue;
         uint64_t word = 0;
         struct iovec local = {&word, sizeof word};
-        struct iovec remote = {(void *)(uintptr_t)(o->bias + o->shared_vaddr +
+        struct iovec remote = {(void *)(uintptr_t)(o->bias + f->shared_vaddr +
                                                    offsetof(struct ddheap__shared, status)),
                                sizeof word};
         if (process_vm_readv(proc->tgid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof word)

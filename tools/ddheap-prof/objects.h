@@ -39,6 +39,10 @@ struct dd_prof_file {
     char why[200];
     uint64_t unnamed_frames, cut_stacks;
     void *sym; /* its symbolisation session (symbolize.c), or NULL */
+    /* The link-time address of the file's ddheap_shared_v3, if it defines
+     * it (0: not looked up yet, or none: see status_looked; libstatus.c). */
+    uint64_t shared_vaddr;
+    bool status_looked;
 };
 
 /* The file's descriptor (not the caller's to close), reopened if the bound
@@ -78,10 +82,6 @@ struct dd_prof_object {
     const char *build_id; /* its file's, hex, "" if none */
     unsigned probes;   /* DD_PROF_HAS_ALLOC | DD_PROF_HAS_FREE of the provider */
     bool attached;
-    /* The link-time address of the object's ddheap_shared_v3, if it defines
-     * it (0: not looked up yet, or none: see status_looked). */
-    uint64_t shared_vaddr;
-    bool status_looked;
 };
 
 struct dd_prof_objects {
