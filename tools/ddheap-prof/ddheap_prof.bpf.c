@@ -77,6 +77,18 @@ struct {
     __uint(max_entries, 4096 * 16);
 } proc_events SEC(".maps");
 
+/* The processes that run an interpreter whose frames are walked at each
+ * sample (interp.h), tgid -> where to find them; set by the user side
+ * when it recognises the interpreter among a process's objects. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, struct dd_prof_interp_config);
+} interp_procs SEC(".maps");
+
+#include "python/python.bpf.h"
+
 /* Ring-buffer failures by event type (index DD_PROF_EV_ALLOC or _FREE). */
 __u64 lost[2] = {0, 0};
 /* Process events the proc_events buffer had no room for. */
@@ -160,7 +172,8 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     fill_head(&ev->head, DD_PROF_EV_ALLOC, ptr);
     ev->size = size;
     ev->weight = weight;
-    ev->pad = 0;
+    ev->ninterp = 0;
+    ev->interp_flags = 0;
     copy_registers(ctx, ev);
     __u32 len = 0;
     ev->wanted = 0;
@@ -181,7 +194,22 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     if (len > DD_PROF_MAX_STACK)
         len = DD_PROF_MAX_STACK;
     ev->len = len;
-    if (bpf_ringbuf_output(&events, ev, offsetof(struct dd_prof_alloc_event, data) + len,
+    /* The interpreter's frames, if it runs one, after the stack. */
+    __u32 tgid = ev->head.tgid;
+    __u32 end = len;
+    struct dd_prof_interp_config *interp = bpf_map_lookup_elem(&interp_procs, &tgid);
+    if (interp && interp->kind == DD_PROF_INTERP_PYTHON) {
+        python_walk(&interp->python, ev, DD_PROF_INTERP_AT(len), cpu);
+        __u32 n = ev->ninterp;
+        if (n > DD_PROF_MAX_INTERP_FRAMES)
+            n = DD_PROF_MAX_INTERP_FRAMES;
+        if (n)
+            end = DD_PROF_INTERP_AT(len) + n * sizeof(struct dd_prof_interp_frame);
+    }
+    barrier_var(end);
+    if (end > PY_RECORDS_END)
+        end = PY_RECORDS_END;
+    if (bpf_ringbuf_output(&events, ev, offsetof(struct dd_prof_alloc_event, data) + end,
                            wake_flag()) != 0)
         __sync_fetch_and_add(&lost[DD_PROF_EV_ALLOC], 1);
     return 0;

@@ -29,6 +29,8 @@
 #include "prof.h"
 
 #define RESCAN_MS 200
+/* A stack's native frames and its interpreter's, with a truncation mark. */
+#define DD_PROF_MAX_MERGED (DD_PROF_MAX_FRAMES + DD_PROF_MAX_INTERP_FRAMES + 2)
 #define DRAIN_MS 50
 #define SNAPSHOT_SLACK_NS 10000000LL
 
@@ -232,6 +234,29 @@ static void defer_event(struct prof *p, uint32_t type, const struct dd_prof_samp
  * an exit stamped before the horizon (the instant the consume began) has
  * been read, one after it may not have been; an event stamped after the
  * horizon waits for the next consume, which reads the exits first. */
+/* The native frames of an alloc event with its interpreter frames
+ * merged in (interp.h), into merged[DD_PROF_MAX_MERGED]. */
+static uint32_t with_interpreter_frames(struct prof *p, struct dd_prof_proc *proc,
+                                        const struct dd_prof_alloc_event *a, size_t data_len,
+                                        const uint64_t *native, uint32_t n, uint64_t *merged)
+{
+    size_t at = DD_PROF_INTERP_AT((size_t)a->len);
+    uint32_t count = a->ninterp;
+    if (at > data_len || count > (data_len - at) / sizeof(struct dd_prof_interp_frame))
+        count = 0;
+    struct dd_prof_interp_frame frames[DD_PROF_MAX_INTERP_FRAMES];
+    if (count > DD_PROF_MAX_INTERP_FRAMES)
+        count = DD_PROF_MAX_INTERP_FRAMES;
+    memcpy(frames, a->data + at, count * sizeof *frames);
+    bool disable;
+    uint32_t m = dd_prof_interp_merge(proc->interp, proc->tgid, native, n, frames, count,
+                                      a->interp_flags & DD_PROF_INTERP_CUT, merged,
+                                      DD_PROF_MAX_MERGED, &disable);
+    if (disable)
+        dd_prof_stop_interpreter_walk(p, proc);
+    return m;
+}
+
 static int on_event(void *ctx, void *data, size_t size)
 {
     struct prof *p = ctx;
@@ -243,7 +268,7 @@ static int on_event(void *ctx, void *data, size_t size)
     if (p->ndeferred > 0)
         apply_deferred(p);
     struct dd_prof_sample sample = {.ptr = h->ptr, .ts_ns = h->ts_ns, .tgid = h->tgid};
-    uint64_t frames[DD_PROF_MAX_FRAMES];
+    uint64_t frames[DD_PROF_MAX_MERGED];
     uint32_t n = 0;
     if (h->type == DD_PROF_EV_ALLOC && size >= offsetof(struct dd_prof_alloc_event, data)) {
         const struct dd_prof_alloc_event *a = data;
@@ -264,7 +289,13 @@ static int on_event(void *ctx, void *data, size_t size)
             return 0;
         }
         proc->samples++;
-        n = frames_of(p, proc, a, size - offsetof(struct dd_prof_alloc_event, data), frames);
+        size_t data_len = size - offsetof(struct dd_prof_alloc_event, data);
+        uint64_t native[DD_PROF_MAX_FRAMES];
+        n = frames_of(p, proc, a, data_len, native);
+        if (proc->interp && a->ninterp > 0)
+            n = with_interpreter_frames(p, proc, a, data_len, native, n, frames);
+        else
+            memcpy(frames, native, n * sizeof *native);
         sample.size = a->size;
         sample.weight = a->weight;
     } else if (h->type != DD_PROF_EV_FREE) {

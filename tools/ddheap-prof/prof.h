@@ -25,6 +25,7 @@
 
 #include "flame.h"
 #include "intern.h"
+#include "interp.h"
 #include "objects.h"
 #include "table.h"
 #include "unwind.h"
@@ -46,6 +47,7 @@ struct options {
     const char *peak_path, *report_path;
     double every;        /* seconds between snapshots; 0: none */
     unsigned max_files;  /* snapshots kept on disk; 0: all */
+    bool python;         /* Python frames (--python, on by default) */
 };
 
 /* The numbered snapshots of a run (timeline.c). */
@@ -79,6 +81,12 @@ struct dd_prof_proc {
      * released at its exec and fork (objs replaced) and once it is gone
      * and its events read (loop.c). None with --unwind=fp. */
     struct dd_prof_unwind_hold unwinder;
+    /* The interpreter it runs whose frames are walked (interp.h), with
+     * what the BPF side was given for it; NULL if none. Objects
+     * objs.v[0, interp_seen) have been looked at for one. */
+    struct dd_prof_interp_proc *interp;
+    struct dd_prof_interp_config interp_cfg;
+    size_t interp_seen;
 };
 
 struct prof {
@@ -185,6 +193,17 @@ void dd_prof_rescan_all(struct prof *p);
  * true: it will stop again once the loader has mapped the libraries), or
  * else attaches to the libraries the loader is about to map. */
 bool dd_prof_prepare_exec(struct prof *p, struct dd_prof_proc *proc);
+/* Looks for an interpreter among the process's new objects (once it has
+ * none), and tells the BPF side to walk its frames. */
+void dd_prof_recognize_interpreter(struct prof *p, struct dd_prof_proc *proc);
+/* A forked process runs its parent's interpreter, at the same addresses. */
+void dd_prof_inherit_interpreter(struct prof *p, struct dd_prof_proc *proc,
+                                 const struct dd_prof_proc *parent);
+/* No more walks of the process's interpreter (its exit, a failed check);
+ * what names its frames stays. */
+void dd_prof_stop_interpreter_walk(struct prof *p, struct dd_prof_proc *proc);
+/* The process's interpreter is forgotten (its exec, its fork's copy). */
+void dd_prof_forget_interpreter(struct prof *p, struct dd_prof_proc *proc);
 /* Destroys every link; the uprobes go once ddheap-prof has exited. */
 void dd_prof_detach_all(struct prof *p);
 
