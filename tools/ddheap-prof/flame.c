@@ -54,8 +54,11 @@ static int merge(struct merged *m, const struct dd_prof_report *r, enum dd_prof_
             /* An interpreter's function is known by its file and line. */
             char with_line[768];
             if (l->interp) {
-                snprintf(with_line, sizeof with_line, "%s (%s:%d)", name,
-                         r->strings.v[r->funcs[l->function[0]].file], l->line[0]);
+                const char *file = r->strings.v[r->funcs[l->function[0]].file];
+                if (*file)
+                    snprintf(with_line, sizeof with_line, "%s (%s:%d)", name, file, l->line[0]);
+                else /* a code object gone before it was read: its first line */
+                    snprintf(with_line, sizeof with_line, "%s (line %d)", name, l->line[0]);
                 name = with_line;
             }
             if (++j == l->n) {
