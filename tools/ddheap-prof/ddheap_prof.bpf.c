@@ -196,19 +196,22 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     ev->len = len;
     /* The interpreter's frames, if it runs one, after the stack. */
     __u32 tgid = ev->head.tgid;
-    __u32 end = len;
+    __u64 end = len;
     struct dd_prof_interp_config *interp = bpf_map_lookup_elem(&interp_procs, &tgid);
     if (interp && interp->kind == DD_PROF_INTERP_PYTHON) {
         python_walk(&interp->python, ev, DD_PROF_INTERP_AT(len), cpu);
-        __u32 n = ev->ninterp;
+        __u64 n = ev->ninterp;
         if (n > DD_PROF_MAX_INTERP_FRAMES)
             n = DD_PROF_MAX_INTERP_FRAMES;
         if (n)
             end = DD_PROF_INTERP_AT(len) + n * sizeof(struct dd_prof_interp_frame);
     }
+    /* (64-bit, and the bound tested on the very register passed on: a
+     * 32-bit copy's test would not bound it for the verifier.) */
     barrier_var(end);
     if (end > PY_RECORDS_END)
         end = PY_RECORDS_END;
+    barrier_var(end);
     if (bpf_ringbuf_output(&events, ev, offsetof(struct dd_prof_alloc_event, data) + end,
                            wake_flag()) != 0)
         __sync_fetch_and_add(&lost[DD_PROF_EV_ALLOC], 1);
