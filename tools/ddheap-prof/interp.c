@@ -39,16 +39,22 @@ struct dd_prof_interp_proc *dd_prof_interp_recognize(const struct dd_prof_object
                         interpreters[i]->name, o->path, why);
             continue;
         }
-        struct dd_prof_interp_proc *ip = calloc(1, sizeof *ip);
-        if (ip == NULL) {
-            interpreters[i]->free(state);
-            return NULL;
-        }
-        ip->impl = interpreters[i];
-        ip->state = state;
-        return ip;
+        return dd_prof_interp_proc_new(interpreters[i], state);
     }
     return NULL;
+}
+
+struct dd_prof_interp_proc *dd_prof_interp_proc_new(const struct dd_prof_interp *impl,
+                                                    void *state)
+{
+    struct dd_prof_interp_proc *ip = calloc(1, sizeof *ip);
+    if (ip == NULL) {
+        impl->free(state);
+        return NULL;
+    }
+    ip->impl = impl;
+    ip->state = state;
+    return ip;
 }
 
 struct dd_prof_interp_proc *dd_prof_interp_fork(const struct dd_prof_interp_proc *ip)
@@ -161,6 +167,7 @@ uint32_t dd_prof_interp_merge(struct dd_prof_interp_proc *ip, pid_t pid, const u
     if (ip->checked < 0)
         nframes = 0;
     uint32_t next = 0, m = 0, i = 0;
+    bool left_over = false;
     /* One slot kept for a truncation mark. */
     uint32_t room = max - 1;
     for (; i < n && m < room; i++) {
@@ -169,15 +176,19 @@ uint32_t dd_prof_interp_merge(struct dd_prof_interp_proc *ip, pid_t pid, const u
         if (!truncated && next < nframes && ip->impl->in_eval_loop(ip->state, native[i] - (i > 0)))
             copy_group(ip, pid, frames, nframes, cut, &next, out, &m, room);
         /* Frames the eval loops of the stack did not take (a loop not
-         * recognised, a stack cut short): before the end, where a user
-         * still sees them under the code that called them. */
-        if (truncated || i + 1 == n)
+         * recognised, a stack cut short): inside the outermost native
+         * frame, where a user still sees them under the code that called
+         * them; the stack is marked as not whole. */
+        if ((truncated || i + 1 == n) && next < nframes) {
+            left_over = true;
             while (next < nframes && m < room)
                 copy_group(ip, pid, frames, nframes, cut, &next, out, &m, room);
+        }
         if (m < room)
             out[m++] = native[i];
     }
-    if ((i < n || next < nframes) && (m == 0 || out[m - 1] != DD_PROF_TRUNCATED_FRAME))
+    if ((i < n || next < nframes || left_over) &&
+        (m == 0 || out[m - 1] != DD_PROF_TRUNCATED_FRAME))
         out[m++] = DD_PROF_TRUNCATED_FRAME;
     return m;
 }

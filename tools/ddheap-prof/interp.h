@@ -57,12 +57,17 @@ struct dd_prof_interp_proc;
  * interpreter it cannot walk is said once, on stderr). */
 struct dd_prof_interp_proc *dd_prof_interp_recognize(const struct dd_prof_object *o, pid_t pid,
                                                      struct dd_prof_interp_config *cfg);
+/* A session of impl with its state (which it then owns); NULL when out
+ * of memory (the state freed). */
+struct dd_prof_interp_proc *dd_prof_interp_proc_new(const struct dd_prof_interp *impl,
+                                                    void *state);
 struct dd_prof_interp_proc *dd_prof_interp_fork(const struct dd_prof_interp_proc *ip);
 void dd_prof_interp_free(struct dd_prof_interp_proc *ip);
 
 /* The merged stack of one sample into out (at most max, innermost first):
  * the native frames, with the interpreter frames each eval-loop frame ran
- * inserted before it (inner side), named now. Returns how many; false in
+ * inserted before it (inner side), named now; frames no eval-loop frame
+ * took, just inside the outermost native frame. Returns how many; true in
  * *disable when the process's interpreter failed its check (said once on
  * stderr): stop walking it. */
 uint32_t dd_prof_interp_merge(struct dd_prof_interp_proc *ip, pid_t pid, const uint64_t *native,
