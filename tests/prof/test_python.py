@@ -11,7 +11,8 @@ TEST is one of:
           allocated, at its file and line exactly, the Python callers in
           order (a caller chain, threads, recursion 200 deep, a generator,
           sorted() calling a key function, code from exec gone before the
-          profile is written); --python=off shows no Python frame.
+          profile is written); --python=off shows no Python frame; a
+          CPython 3.9 (if pyenv has one) native frames and one warning.
   cost    the BPF program's time per sample with the walk and without
           (kernel.bpf_stats_enabled, set for the run and restored): printed,
           not judged (no timing thresholds in tests); both runs must count.
@@ -224,6 +225,18 @@ def test_frames(c, prof, preload, run, artifacts):
         print("NOTE - no other CPython 3.10-3.13 under /root/.pyenv/versions")
     for label, python in found:
         check_interpreter(c, prof, preload, run, artifacts, label, python)
+    # A CPython it has no layout for (pyenv's 3.9, if there): native
+    # frames and one line saying so.
+    older = sorted(glob.glob("/root/.pyenv/versions/3.9.*/bin/python3"))
+    if older:
+        pb, err, _ = profile(prof, preload, run, older[-1], artifacts, "python-3.9")
+        said = [l for l in err.splitlines() if "CPython 3.9 is not one" in l]
+        py = sum(1 for _, fr in samples(pb) for f in fr if f[0] == "py")
+        c.check(len(said) == 1 and py == 0,
+                f"{older[-1]}: said once ({len(said)}), no Python frame ({py})")
+    else:
+        print("NOTE - no CPython 3.9 under /root/.pyenv/versions: the unknown version "
+              "is not tried")
     # --python=off: native frames only.
     pb, _, _ = profile(prof, preload, run, "/usr/bin/python3", artifacts, "python-off",
                        ["--python=off"])

@@ -34,9 +34,14 @@ struct dd_prof_interp_proc *dd_prof_interp_recognize(const struct dd_prof_object
         memset(cfg, 0, sizeof *cfg);
         void *state = interpreters[i]->recognize(o, pid, cfg, why, sizeof why);
         if (state == NULL) {
-            if (why[0])
+            /* Said once a run for each reason (a program that forks and
+             * execs the same interpreter would say it again and again). */
+            static char said[256];
+            if (why[0] && strcmp(why, said) != 0) {
                 fprintf(stderr, "ddheap-prof: %s in %s: %s; its stacks are native only\n",
                         interpreters[i]->name, o->path, why);
+                snprintf(said, sizeof said, "%s", why);
+            }
             continue;
         }
         return dd_prof_interp_proc_new(interpreters[i], state);

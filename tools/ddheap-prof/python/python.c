@@ -170,6 +170,20 @@ static const char *base_name(const char *path)
     return slash ? slash + 1 : path;
 }
 
+/* "python3.10", "libpython3.9.so.1.0": the version in a file's name, as
+ * PY_VERSION_HEX's major and minor; 0 if none. */
+static uint32_t version_in_name(const char *name)
+{
+    const char *at = strstr(name, "python3.");
+    if (at == NULL)
+        return 0;
+    char *end;
+    unsigned long minor = strtoul(at + strlen("python3."), &end, 10);
+    if (end == at + strlen("python3.") || minor > 255)
+        return 0;
+    return 0x03000000u | (uint32_t)minor << 16;
+}
+
 enum { SYM_RUNTIME, SYM_EVAL, SYM_EVAL_COLD, SYM_CODE_TYPE, SYM_VERSION, NSYMS };
 
 static void *python_recognize(const struct dd_prof_object *o, pid_t pid,
@@ -185,13 +199,13 @@ static void *python_recognize(const struct dd_prof_object *o, pid_t pid,
         sym[SYM_RUNTIME].value == 0 || sym[SYM_EVAL].value == 0 || sym[SYM_CODE_TYPE].value == 0)
         return NULL;
     /* Py_Version (3.11+) is the running interpreter's PY_VERSION_HEX;
-     * 3.10 says its version in its file name only. */
+     * before it, the version is in the file's name only. */
     uint32_t version = 0;
     if (sym[SYM_VERSION].value &&
         dd_prof_elf_read(fd, sym[SYM_VERSION].value, &version, sizeof version))
         version &= 0xffff0000;
-    else if (strstr(base_name(o->path), "python3.10"))
-        version = 0x030a0000;
+    else
+        version = version_in_name(base_name(o->path));
     struct version_layout v = {0};
     bool known = false;
     for (size_t i = 0; i < sizeof layouts / sizeof *layouts && !known; i++)
