@@ -87,6 +87,51 @@ struct {
     __type(value, struct dd_prof_interp_config);
 } interp_procs SEC(".maps");
 
+/* Interpreter code objects already announced on code_events, by
+ * process: each is announced once (an LRU: one evicted is announced
+ * again, which costs a read). */
+struct interp_code_key {
+    __u64 code;
+    __u32 tgid, check;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct interp_code_key);
+    __type(value, __u8);
+} interp_code_seen SEC(".maps");
+
+/* New code objects, each waking the reader at once: it reads their names
+ * from the process before the backlog of samples, while the code is
+ * still there (exec'd code, a module's top-level code at its import). */
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 4096 * 16);
+} code_events SEC(".maps");
+
+__u64 lost_code = 0;
+
+/* Announces the code of frame f (just recorded) if it is new. */
+static __always_inline void note_code(const struct dd_prof_interp_frame *f)
+{
+    struct interp_code_key k = {.code = f->code,
+                                .tgid = (__u32)(bpf_get_current_pid_tgid() >> 32),
+                                .check = f->check};
+    if (bpf_map_lookup_elem(&interp_code_seen, &k))
+        return;
+    struct dd_prof_code_event ev = {.head = {.type = DD_PROF_EV_CODE,
+                                             .tgid = k.tgid,
+                                             .ts_ns = bpf_ktime_get_ns(),
+                                             .ptr = f->code},
+                                    .frame = *f};
+    __u8 one = 1;
+    if (bpf_ringbuf_output(&code_events, &ev, sizeof ev, BPF_RB_FORCE_WAKEUP) != 0)
+        __sync_fetch_and_add(&lost_code, 1); /* not marked seen: announced next time */
+    else
+        bpf_map_update_elem(&interp_code_seen, &k, &one, BPF_ANY);
+}
+
 #include "python/python.bpf.h"
 
 /* Ring-buffer failures by event type (index DD_PROF_EV_ALLOC or _FREE). */

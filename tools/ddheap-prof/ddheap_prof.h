@@ -33,6 +33,10 @@ enum dd_prof_event_type {
     DD_PROF_EV_EXEC = 3,   /* tgid: the process that exec'd */
     DD_PROF_EV_EXIT = 4,   /* tgid: the process whose last thread exited */
     DD_PROF_EV_LOADED = 5, /* tgid: its dynamic loader mapped objects (start, dlopen) */
+    /* On a ring buffer of its own (code_events): an interpreter's code
+     * object seen for the first time (struct dd_prof_code_event), for
+     * user space to read while it is still there. */
+    DD_PROF_EV_CODE = 6,
 };
 
 /* The value of a process in the BPF map of followed processes. */
@@ -113,6 +117,13 @@ enum {
 };
 
 enum dd_prof_interp_kind { DD_PROF_INTERP_PYTHON = 1 };
+
+/* DD_PROF_EV_CODE: head.tgid the process, frame the first frame seen
+ * running that code (address, fingerprint, first line). */
+struct dd_prof_code_event {
+    struct dd_prof_event_head head;
+    struct dd_prof_interp_frame frame;
+};
 
 /* What the BPF side walks in one process (the map interp_procs). */
 struct dd_prof_interp_config {

@@ -82,6 +82,17 @@ void dd_prof_interp_free(struct dd_prof_interp_proc *ip)
     free(ip);
 }
 
+void dd_prof_interp_note_code(struct dd_prof_interp_proc *ip, pid_t pid,
+                              const struct dd_prof_interp_frame *f)
+{
+    /* (Before the check, if it comes first: what it reads is only
+     * remembered, and dropped with the frames if the check fails.) */
+    if (ip->checked >= 0) {
+        struct dd_prof_function_at at;
+        ip->impl->name_frame(ip->state, pid, f, &at);
+    }
+}
+
 bool dd_prof_interp_is_frame(uint64_t addr)
 {
     return addr >= DD_PROF_INTERP_BASE && addr - DD_PROF_INTERP_BASE < DD_PROF_INTERP_SPAN;

@@ -75,6 +75,11 @@ uint32_t dd_prof_interp_merge(struct dd_prof_interp_proc *ip, pid_t pid, const u
                               uint32_t nframes, bool cut, uint64_t *out, uint32_t max,
                               bool *disable);
 
+/* A code object the BPF side saw for the first time (f: the frame that
+ * ran it): named now, while it is there, and remembered. */
+void dd_prof_interp_note_code(struct dd_prof_interp_proc *ip, pid_t pid,
+                              const struct dd_prof_interp_frame *f);
+
 /* Interpreter frames stand in a stack as addresses in the kernel's half,
  * one per distinct (function, file, line) of the run. */
 bool dd_prof_interp_is_frame(uint64_t addr);

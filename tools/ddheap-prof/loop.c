@@ -257,6 +257,20 @@ static uint32_t with_interpreter_frames(struct prof *p, struct dd_prof_proc *pro
     return m;
 }
 
+/* A code object seen for the first time: its process's interpreter names
+ * it now, while it is there. */
+static int on_code_event(void *ctx, void *data, size_t size)
+{
+    struct prof *p = ctx;
+    const struct dd_prof_code_event *c = data;
+    if (size < sizeof *c)
+        return 0;
+    struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)c->head.tgid);
+    if (proc && proc->interp)
+        dd_prof_interp_note_code(proc->interp, proc->tgid, &c->frame);
+    return 0;
+}
+
 static int on_event(void *ctx, void *data, size_t size)
 {
     struct prof *p = ctx;
@@ -292,10 +306,14 @@ static int on_event(void *ctx, void *data, size_t size)
         size_t data_len = size - offsetof(struct dd_prof_alloc_event, data);
         uint64_t native[DD_PROF_MAX_FRAMES];
         n = frames_of(p, proc, a, data_len, native);
-        if (proc->interp && a->ninterp > 0)
+        if (proc->interp && a->ninterp > 0) {
+            /* Code first seen since: named before this sample, which
+             * may be long after it was taken. */
+            ring_buffer__consume(p->code_rb);
             n = with_interpreter_frames(p, proc, a, data_len, native, n, frames);
-        else
+        } else {
             memcpy(frames, native, n * sizeof *native);
+        }
         sample.size = a->size;
         sample.weight = a->weight;
     } else if (h->type != DD_PROF_EV_FREE) {
@@ -310,9 +328,11 @@ static int on_event(void *ctx, void *data, size_t size)
 
 /* A consume of both ring buffers, with the horizon set at its start;
  * then every kept event and exit up to the horizon is applied. Returns
- * what ring_buffer__consume does. */
+ * what ring_buffer__consume does. (New interpreter code first: named
+ * while it is there.) */
 static int consume(struct prof *p)
 {
+    ring_buffer__consume(p->code_rb);
     p->horizon_ns = (uint64_t)dd_prof_now_ns(CLOCK_MONOTONIC);
     int got = ring_buffer__consume(p->rb);
     apply_deferred(p);
@@ -364,7 +384,9 @@ int dd_prof_setup_bpf(struct prof *p)
      * own page): what one reads, the other does not read again. */
     p->proc_rb = ring_buffer__new(bpf_map__fd(p->skel->maps.proc_events), dd_prof_on_proc_event,
                                   p, NULL);
-    if (p->rb == NULL || p->proc_rb == NULL ||
+    p->code_rb =
+        ring_buffer__new(bpf_map__fd(p->skel->maps.code_events), on_code_event, p, NULL);
+    if (p->rb == NULL || p->proc_rb == NULL || p->code_rb == NULL ||
         ring_buffer__add(p->rb, bpf_map__fd(p->skel->maps.events), on_event, p) != 0) {
         fprintf(stderr, "ddheap-prof: cannot open the ring buffer: %s\n", strerror(errno));
         return -1;
@@ -407,6 +429,9 @@ static void print_costs(struct prof *p)
                     bpf_program__name(progs[i]), (unsigned long long)info.run_cnt,
                     (double)info.run_time_ns / 1e3 / (double)info.run_cnt);
     }
+    if (p->skel->bss->lost_code)
+        fprintf(stderr, "ddheap-prof: interpreter code announcements lost: %llu\n",
+                (unsigned long long)p->skel->bss->lost_code);
     fprintf(stderr, "ddheap-prof: ring buffer: %llu events, %llu bytes (%.0f bytes each)\n",
             (unsigned long long)p->events, (unsigned long long)p->event_bytes,
             p->events ? (double)p->event_bytes / (double)p->events : 0.0);
@@ -432,6 +457,7 @@ void dd_prof_teardown_bpf(struct prof *p)
         bpf_link__destroy(p->tracepoint_links[i]);
     ring_buffer__free(p->rb);
     ring_buffer__free(p->proc_rb);
+    ring_buffer__free(p->code_rb);
     ddheap_prof_bpf__destroy(p->skel);
 }
 
@@ -476,14 +502,15 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
     /* Woken by the process events (each wakes the reader), by allocation
      * events once a quarter of their buffer waits, by the command's exit;
      * otherwise every DRAIN_MS to read what waits. */
-    struct pollfd fds[2] = {{.fd = ring_buffer__epoll_fd(p->rb), .events = POLLIN},
-                            {.fd = p->child ? p->child_pidfd : -1, .events = POLLIN}};
+    struct pollfd fds[3] = {{.fd = ring_buffer__epoll_fd(p->rb), .events = POLLIN},
+                            {.fd = p->child ? p->child_pidfd : -1, .events = POLLIN},
+                            {.fd = ring_buffer__epoll_fd(p->code_rb), .events = POLLIN}};
     while (!stop_requested && !*exited && !p->oom) {
         int64_t now = dd_prof_now_ns(CLOCK_MONOTONIC);
         int64_t wait_ns = DRAIN_MS * 1000000LL;
         if (deadline && deadline - now < wait_ns)
             wait_ns = deadline - now > 0 ? deadline - now : 0;
-        int ready = poll(fds, 2, (int)((wait_ns + 999999) / 1000000));
+        int ready = poll(fds, 3, (int)((wait_ns + 999999) / 1000000));
         if (ready < 0 && errno != EINTR) {
             fprintf(stderr, "ddheap-prof: poll: %s\n", strerror(errno));
             cut_short = true;

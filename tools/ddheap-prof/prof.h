@@ -101,6 +101,9 @@ struct prof {
     /* The process events alone, read from within an allocation's handler
      * when it comes from a process whose fork has not been read yet. */
     struct ring_buffer *proc_rb;
+    /* Interpreter code objects seen for the first time (code_events):
+     * read before each sample and at each wake-up, ahead of the backlog. */
+    struct ring_buffer *code_rb;
     /* The processes seen, by tgid: procs[i] is the one of key i. */
     struct dd_prof_keys proc_ids;
     struct dd_prof_proc *procs;

@@ -168,6 +168,7 @@ static long py_frame_step(__u64 i, void *ctx)
                        (l->frame_entry != DD_PROF_PY_NONE && b->frame[l->frame_entry & 0xff])
                    ? DD_PROF_INTERP_ENTRY
                    : 0;
+    note_code(r);
     w->at += sizeof *r;
     return ++w->n >= DD_PROF_MAX_INTERP_FRAMES;
 }
