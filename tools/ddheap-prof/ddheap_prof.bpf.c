@@ -112,12 +112,37 @@ struct {
 
 __u64 lost_code = 0;
 
+/* In front of interp_code_seen, per CPU: the codes seen last, one per
+ * slot of a hash of (process, code, fingerprint). A frame's code is most
+ * often one of them, and an array's lookup costs next to nothing where
+ * the LRU's costs a hash, a lock and list updates. */
+#define CODE_RECENT_SLOTS 512
+struct code_recent {
+    __u64 tag[CODE_RECENT_SLOTS];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct code_recent);
+} interp_code_recent SEC(".maps");
+
 /* Announces the code of frame f (just recorded) if it is new. */
 static __always_inline void note_code(const struct dd_prof_interp_frame *f)
 {
     struct interp_code_key k = {.code = f->code,
                                 .tgid = (__u32)(bpf_get_current_pid_tgid() >> 32),
                                 .check = f->check};
+    __u64 tag = (f->code ^ (__u64)k.check << 32 ^ (__u64)k.tgid << 48) | 1;
+    __u32 zero = 0;
+    struct code_recent *recent = bpf_map_lookup_elem(&interp_code_recent, &zero);
+    __u32 slot = (__u32)((tag * 0x9e3779b97f4a7c15ull) >> 55) & (CODE_RECENT_SLOTS - 1);
+    if (recent) {
+        if (recent->tag[slot] == tag)
+            return;
+        recent->tag[slot] = tag;
+    }
     if (bpf_map_lookup_elem(&interp_code_seen, &k))
         return;
     struct dd_prof_code_event ev = {.head = {.type = DD_PROF_EV_CODE,
