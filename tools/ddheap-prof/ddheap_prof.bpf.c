@@ -4,7 +4,9 @@
  * processes, that copy each event into a BPF ring buffer for the user side
  * (loop.c). An alloc event carries the registers and the top of the user
  * stack, which user space unwinds by DWARF CFI (unwind.c), or with
- * --unwind=fp the kernel's frame-pointer walk. And the programs that keep
+ * --unwind=fp the kernel's frame-pointer walk; in a process that runs an
+ * interpreter ddheap-prof knows (interp.h), the interpreter's own frames
+ * follow the stack (python/python.bpf.h). And the programs that keep
  * the set of followed processes and tell the user side about them (forks,
  * execs, exits, the dynamic loader's link-map changes), stopping
  * ddheap-prof's own child at the points where its new objects must be

@@ -9,6 +9,8 @@
  *   output.c   writing the files: the profile, folded stacks, flame graph
  *   timeline.c the heap over time: the peak, snapshots (--every, SIGUSR1)
  *   leaks.c    the lifetime and leak report (--report)
+ *   interp.c   interpreters' frames merged into native stacks (interp.h;
+ *              CPython's, BPF walk and naming, in python/)
  *
  * The BPF programs are ddheap_prof.bpf.c; the events they send are
  * ddheap_prof.h; the profile's data structures are table.h (live blocks,
