@@ -140,7 +140,54 @@ int dd_prof_rescan(struct prof *p, struct dd_prof_proc *proc)
         }
     }
     dd_prof_read_library_status(p, proc);
+    dd_prof_recognize_interpreter(p, proc);
     return (int)p->nattached;
+}
+
+void dd_prof_recognize_interpreter(struct prof *p, struct dd_prof_proc *proc)
+{
+    for (; p->opt.python && proc->interp == NULL && proc->interp_seen < proc->objs.n;
+         proc->interp_seen++) {
+        proc->interp = dd_prof_interp_recognize(&proc->objs.v[proc->interp_seen], proc->tgid,
+                                                &proc->interp_cfg);
+        uint32_t key = (uint32_t)proc->tgid;
+        if (proc->interp &&
+            bpf_map__update_elem(p->skel->maps.interp_procs, &key, sizeof key, &proc->interp_cfg,
+                                 sizeof proc->interp_cfg, BPF_ANY) != 0) {
+            dd_prof_interp_free(proc->interp);
+            proc->interp = NULL;
+        }
+    }
+    proc->interp_seen = proc->objs.n;
+}
+
+void dd_prof_inherit_interpreter(struct prof *p, struct dd_prof_proc *proc,
+                                 const struct dd_prof_proc *parent)
+{
+    proc->interp_seen = proc->objs.n;
+    if (parent->interp == NULL || (proc->interp = dd_prof_interp_fork(parent->interp)) == NULL)
+        return;
+    uint32_t key = (uint32_t)proc->tgid;
+    proc->interp_cfg = parent->interp_cfg;
+    if (bpf_map__update_elem(p->skel->maps.interp_procs, &key, sizeof key, &proc->interp_cfg,
+                             sizeof proc->interp_cfg, BPF_ANY) != 0)
+        dd_prof_forget_interpreter(p, proc);
+}
+
+void dd_prof_stop_interpreter_walk(struct prof *p, struct dd_prof_proc *proc)
+{
+    uint32_t key = (uint32_t)proc->tgid;
+    if (proc->interp)
+        bpf_map__delete_elem(p->skel->maps.interp_procs, &key, sizeof key, 0);
+}
+
+void dd_prof_forget_interpreter(struct prof *p, struct dd_prof_proc *proc)
+{
+    if (proc->interp == NULL)
+        return;
+    dd_prof_stop_interpreter_walk(p, proc);
+    dd_prof_interp_free(proc->interp);
+    proc->interp = NULL;
 }
 
 void dd_prof_rescan_all(struct prof *p)

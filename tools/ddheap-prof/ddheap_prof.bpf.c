@@ -4,7 +4,9 @@
  * processes, that copy each event into a BPF ring buffer for the user side
  * (loop.c). An alloc event carries the registers and the top of the user
  * stack, which user space unwinds by DWARF CFI (unwind.c), or with
- * --unwind=fp the kernel's frame-pointer walk. And the programs that keep
+ * --unwind=fp the kernel's frame-pointer walk; in a process that runs an
+ * interpreter ddheap-prof knows (interp.h), the interpreter's own frames
+ * follow the stack (python/python.bpf.h). And the programs that keep
  * the set of followed processes and tell the user side about them (forks,
  * execs, exits, the dynamic loader's link-map changes), stopping
  * ddheap-prof's own child at the points where its new objects must be
@@ -76,6 +78,88 @@ struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
     __uint(max_entries, 4096 * 16);
 } proc_events SEC(".maps");
+
+/* The processes that run an interpreter whose frames are walked at each
+ * sample (interp.h), tgid -> where to find them; set by the user side
+ * when it recognises the interpreter among a process's objects. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, struct dd_prof_interp_config);
+} interp_procs SEC(".maps");
+
+/* Interpreter code objects already announced on code_events, by
+ * process: each is announced once (an LRU: one evicted is announced
+ * again, which costs a read). */
+struct interp_code_key {
+    __u64 code;
+    __u32 tgid, check;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 65536);
+    __type(key, struct interp_code_key);
+    __type(value, __u8);
+} interp_code_seen SEC(".maps");
+
+/* New code objects, each waking the reader at once: it reads their names
+ * from the process before the backlog of samples, while the code is
+ * still there (exec'd code, a module's top-level code at its import). */
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 4096 * 16);
+} code_events SEC(".maps");
+
+__u64 lost_code = 0;
+
+/* In front of interp_code_seen, per CPU: the codes seen last, one per
+ * slot of a hash of (process, code, fingerprint). A frame's code is most
+ * often one of them, and an array's lookup costs next to nothing where
+ * the LRU's costs a hash, a lock and list updates. */
+#define CODE_RECENT_SLOTS 512
+struct code_recent {
+    __u64 tag[CODE_RECENT_SLOTS];
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, __u32);
+    __type(value, struct code_recent);
+} interp_code_recent SEC(".maps");
+
+/* Announces the code of frame f (just recorded) if it is new. */
+static __always_inline void note_code(const struct dd_prof_interp_frame *f)
+{
+    struct interp_code_key k = {.code = f->code,
+                                .tgid = (__u32)(bpf_get_current_pid_tgid() >> 32),
+                                .check = f->check};
+    __u64 tag = (f->code ^ (__u64)k.check << 32 ^ (__u64)k.tgid << 48) | 1;
+    __u32 zero = 0;
+    struct code_recent *recent = bpf_map_lookup_elem(&interp_code_recent, &zero);
+    __u32 slot = (__u32)((tag * 0x9e3779b97f4a7c15ull) >> 55) & (CODE_RECENT_SLOTS - 1);
+    if (recent) {
+        if (recent->tag[slot] == tag)
+            return;
+        recent->tag[slot] = tag;
+    }
+    if (bpf_map_lookup_elem(&interp_code_seen, &k))
+        return;
+    struct dd_prof_code_event ev = {.head = {.type = DD_PROF_EV_CODE,
+                                             .tgid = k.tgid,
+                                             .ts_ns = bpf_ktime_get_ns(),
+                                             .ptr = f->code},
+                                    .frame = *f};
+    __u8 one = 1;
+    if (bpf_ringbuf_output(&code_events, &ev, sizeof ev, BPF_RB_FORCE_WAKEUP) != 0)
+        __sync_fetch_and_add(&lost_code, 1); /* not marked seen: announced next time */
+    else
+        bpf_map_update_elem(&interp_code_seen, &k, &one, BPF_ANY);
+}
+
+#include "python/python.bpf.h"
 
 /* Ring-buffer failures by event type (index DD_PROF_EV_ALLOC or _FREE). */
 __u64 lost[2] = {0, 0};
@@ -160,7 +244,8 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     fill_head(&ev->head, DD_PROF_EV_ALLOC, ptr);
     ev->size = size;
     ev->weight = weight;
-    ev->pad = 0;
+    ev->ninterp = 0;
+    ev->interp_flags = 0;
     copy_registers(ctx, ev);
     __u32 len = 0;
     ev->wanted = 0;
@@ -181,7 +266,25 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     if (len > DD_PROF_MAX_STACK)
         len = DD_PROF_MAX_STACK;
     ev->len = len;
-    if (bpf_ringbuf_output(&events, ev, offsetof(struct dd_prof_alloc_event, data) + len,
+    /* The interpreter's frames, if it runs one, after the stack. */
+    __u32 tgid = ev->head.tgid;
+    __u64 end = len;
+    struct dd_prof_interp_config *interp = bpf_map_lookup_elem(&interp_procs, &tgid);
+    if (interp && interp->kind == DD_PROF_INTERP_PYTHON) {
+        python_walk(&interp->python, ev, DD_PROF_INTERP_AT(len), cpu);
+        __u64 n = ev->ninterp;
+        if (n > DD_PROF_MAX_INTERP_FRAMES)
+            n = DD_PROF_MAX_INTERP_FRAMES;
+        if (n)
+            end = DD_PROF_INTERP_AT(len) + n * sizeof(struct dd_prof_interp_frame);
+    }
+    /* (64-bit, and the bound tested on the very register passed on: a
+     * 32-bit copy's test would not bound it for the verifier.) */
+    barrier_var(end);
+    if (end > PY_RECORDS_END)
+        end = PY_RECORDS_END;
+    barrier_var(end);
+    if (bpf_ringbuf_output(&events, ev, offsetof(struct dd_prof_alloc_event, data) + end,
                            wake_flag()) != 0)
         __sync_fetch_and_add(&lost[DD_PROF_EV_ALLOC], 1);
     return 0;

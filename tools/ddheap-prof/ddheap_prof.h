@@ -6,6 +6,8 @@
 #ifndef DDHEAP_PROF_H
 #define DDHEAP_PROF_H
 
+#include "python/python_layout.h"
+
 /* The kernel's default perf_event_max_stack. */
 #define DD_PROF_MAX_FRAMES 127
 
@@ -31,6 +33,10 @@ enum dd_prof_event_type {
     DD_PROF_EV_EXEC = 3,   /* tgid: the process that exec'd */
     DD_PROF_EV_EXIT = 4,   /* tgid: the process whose last thread exited */
     DD_PROF_EV_LOADED = 5, /* tgid: its dynamic loader mapped objects (start, dlopen) */
+    /* On a ring buffer of its own (code_events): an interpreter's code
+     * object seen for the first time (struct dd_prof_code_event), for
+     * user space to read while it is still there. */
+    DD_PROF_EV_CODE = 6,
 };
 
 /* The value of a process in the BPF map of followed processes. */
@@ -80,9 +86,52 @@ struct dd_prof_alloc_event {
     __u32 len;      /* bytes of data that follow */
     __u32 wanted;   /* stack bytes asked for (--stack-bytes); len < wanted
                      * means the copy stopped at the end of the stack */
-    __u32 pad;
+    __u16 ninterp;  /* interpreter frames after the stack (struct
+                     * dd_prof_interp_frame), at data + DD_PROF_INTERP_AT(len) */
+    __u16 interp_flags; /* DD_PROF_INTERP_CUT */
     __u64 regs[4];  /* DD_PROF_REG_*; unused ones 0 */
     __u8 data[DD_PROF_MAX_STACK];
+};
+
+/* Interpreter frames (python/): what the BPF side records of each frame
+ * of the interpreter's own stack, innermost first, for user space to name
+ * by reading the process and to merge into the native stack where the
+ * interpreter's eval loop is (interp.h). */
+#define DD_PROF_MAX_INTERP_FRAMES 128
+#define DD_PROF_INTERP_AT(len) (((len) + 7u) & ~7u)
+
+struct dd_prof_interp_frame {
+    __u64 code;      /* the code object's address */
+    __u32 offset;    /* the instruction's byte offset in the code */
+    __u32 firstline; /* the code's first line, as read at the sample */
+    __u32 check;     /* a fingerprint of the code object (dd_prof_py_check) */
+    __u32 flags;     /* DD_PROF_INTERP_ENTRY */
+};
+
+enum {
+    /* The frame the eval loop was entered with from C: it and the frames
+     * inside it (before it, innermost first) ran in one C-level call. */
+    DD_PROF_INTERP_ENTRY = 1,
+    /* interp_flags: the walk stopped at DD_PROF_MAX_INTERP_FRAMES. */
+    DD_PROF_INTERP_CUT = 1,
+};
+
+enum dd_prof_interp_kind { DD_PROF_INTERP_PYTHON = 1 };
+
+/* DD_PROF_EV_CODE: head.tgid the process, frame the first frame seen
+ * running that code (address, fingerprint, first line). */
+struct dd_prof_code_event {
+    struct dd_prof_event_head head;
+    struct dd_prof_interp_frame frame;
+};
+
+/* What the BPF side walks in one process (the map interp_procs). */
+struct dd_prof_interp_config {
+    __u32 kind; /* enum dd_prof_interp_kind */
+    __u32 pad;
+    union {
+        struct dd_prof_py_layout python;
+    };
 };
 
 #endif

@@ -51,6 +51,16 @@ static int merge(struct merged *m, const struct dd_prof_report *r, enum dd_prof_
         for (uint32_t k = s->n, j = 0; k > 0;) {
             const struct dd_prof_location *l = &r->locs[s->locs[k - 1]];
             const char *name = function_name(r, l->function[l->n - 1 - j]);
+            /* An interpreter's function is known by its file and line. */
+            char with_line[768];
+            if (l->interp) {
+                const char *file = r->strings.v[r->funcs[l->function[0]].file];
+                if (*file)
+                    snprintf(with_line, sizeof with_line, "%s (%s:%d)", name, file, l->line[0]);
+                else /* a code object gone before it was read: its first line */
+                    snprintf(with_line, sizeof with_line, "%s (line %d)", name, l->line[0]);
+                name = with_line;
+            }
             if (++j == l->n) {
                 j = 0;
                 k--;

@@ -29,6 +29,8 @@
 #include "prof.h"
 
 #define RESCAN_MS 200
+/* A stack's native frames and its interpreter's, with a truncation mark. */
+#define DD_PROF_MAX_MERGED (DD_PROF_MAX_FRAMES + DD_PROF_MAX_INTERP_FRAMES + 2)
 #define DRAIN_MS 50
 #define SNAPSHOT_SLACK_NS 10000000LL
 
@@ -232,6 +234,43 @@ static void defer_event(struct prof *p, uint32_t type, const struct dd_prof_samp
  * an exit stamped before the horizon (the instant the consume began) has
  * been read, one after it may not have been; an event stamped after the
  * horizon waits for the next consume, which reads the exits first. */
+/* The native frames of an alloc event with its interpreter frames
+ * merged in (interp.h), into merged[DD_PROF_MAX_MERGED]. */
+static uint32_t with_interpreter_frames(struct prof *p, struct dd_prof_proc *proc,
+                                        const struct dd_prof_alloc_event *a, size_t data_len,
+                                        const uint64_t *native, uint32_t n, uint64_t *merged)
+{
+    size_t at = DD_PROF_INTERP_AT((size_t)a->len);
+    uint32_t count = a->ninterp;
+    if (at > data_len || count > (data_len - at) / sizeof(struct dd_prof_interp_frame))
+        count = 0;
+    struct dd_prof_interp_frame frames[DD_PROF_MAX_INTERP_FRAMES];
+    if (count > DD_PROF_MAX_INTERP_FRAMES)
+        count = DD_PROF_MAX_INTERP_FRAMES;
+    memcpy(frames, a->data + at, count * sizeof *frames);
+    bool disable;
+    uint32_t m = dd_prof_interp_merge(proc->interp, proc->tgid, native, n, frames, count,
+                                      a->interp_flags & DD_PROF_INTERP_CUT, merged,
+                                      DD_PROF_MAX_MERGED, &disable);
+    if (disable)
+        dd_prof_stop_interpreter_walk(p, proc);
+    return m;
+}
+
+/* A code object seen for the first time: its process's interpreter names
+ * it now, while it is there. */
+static int on_code_event(void *ctx, void *data, size_t size)
+{
+    struct prof *p = ctx;
+    const struct dd_prof_code_event *c = data;
+    if (size < sizeof *c)
+        return 0;
+    struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)c->head.tgid);
+    if (proc && proc->interp)
+        dd_prof_interp_note_code(proc->interp, proc->tgid, &c->frame);
+    return 0;
+}
+
 static int on_event(void *ctx, void *data, size_t size)
 {
     struct prof *p = ctx;
@@ -243,7 +282,7 @@ static int on_event(void *ctx, void *data, size_t size)
     if (p->ndeferred > 0)
         apply_deferred(p);
     struct dd_prof_sample sample = {.ptr = h->ptr, .ts_ns = h->ts_ns, .tgid = h->tgid};
-    uint64_t frames[DD_PROF_MAX_FRAMES];
+    uint64_t frames[DD_PROF_MAX_MERGED];
     uint32_t n = 0;
     if (h->type == DD_PROF_EV_ALLOC && size >= offsetof(struct dd_prof_alloc_event, data)) {
         const struct dd_prof_alloc_event *a = data;
@@ -264,7 +303,17 @@ static int on_event(void *ctx, void *data, size_t size)
             return 0;
         }
         proc->samples++;
-        n = frames_of(p, proc, a, size - offsetof(struct dd_prof_alloc_event, data), frames);
+        size_t data_len = size - offsetof(struct dd_prof_alloc_event, data);
+        uint64_t native[DD_PROF_MAX_FRAMES];
+        n = frames_of(p, proc, a, data_len, native);
+        if (proc->interp && a->ninterp > 0) {
+            /* Code first seen since: named before this sample, which
+             * may be long after it was taken. */
+            ring_buffer__consume(p->code_rb);
+            n = with_interpreter_frames(p, proc, a, data_len, native, n, frames);
+        } else {
+            memcpy(frames, native, n * sizeof *native);
+        }
         sample.size = a->size;
         sample.weight = a->weight;
     } else if (h->type != DD_PROF_EV_FREE) {
@@ -279,9 +328,11 @@ static int on_event(void *ctx, void *data, size_t size)
 
 /* A consume of both ring buffers, with the horizon set at its start;
  * then every kept event and exit up to the horizon is applied. Returns
- * what ring_buffer__consume does. */
+ * what ring_buffer__consume does. (New interpreter code first: named
+ * while it is there.) */
 static int consume(struct prof *p)
 {
+    ring_buffer__consume(p->code_rb);
     p->horizon_ns = (uint64_t)dd_prof_now_ns(CLOCK_MONOTONIC);
     int got = ring_buffer__consume(p->rb);
     apply_deferred(p);
@@ -333,7 +384,9 @@ int dd_prof_setup_bpf(struct prof *p)
      * own page): what one reads, the other does not read again. */
     p->proc_rb = ring_buffer__new(bpf_map__fd(p->skel->maps.proc_events), dd_prof_on_proc_event,
                                   p, NULL);
-    if (p->rb == NULL || p->proc_rb == NULL ||
+    p->code_rb =
+        ring_buffer__new(bpf_map__fd(p->skel->maps.code_events), on_code_event, p, NULL);
+    if (p->rb == NULL || p->proc_rb == NULL || p->code_rb == NULL ||
         ring_buffer__add(p->rb, bpf_map__fd(p->skel->maps.events), on_event, p) != 0) {
         fprintf(stderr, "ddheap-prof: cannot open the ring buffer: %s\n", strerror(errno));
         return -1;
@@ -376,6 +429,9 @@ static void print_costs(struct prof *p)
                     bpf_program__name(progs[i]), (unsigned long long)info.run_cnt,
                     (double)info.run_time_ns / 1e3 / (double)info.run_cnt);
     }
+    if (p->skel->bss->lost_code)
+        fprintf(stderr, "ddheap-prof: interpreter code announcements lost: %llu\n",
+                (unsigned long long)p->skel->bss->lost_code);
     fprintf(stderr, "ddheap-prof: ring buffer: %llu events, %llu bytes (%.0f bytes each)\n",
             (unsigned long long)p->events, (unsigned long long)p->event_bytes,
             p->events ? (double)p->event_bytes / (double)p->events : 0.0);
@@ -401,6 +457,7 @@ void dd_prof_teardown_bpf(struct prof *p)
         bpf_link__destroy(p->tracepoint_links[i]);
     ring_buffer__free(p->rb);
     ring_buffer__free(p->proc_rb);
+    ring_buffer__free(p->code_rb);
     ddheap_prof_bpf__destroy(p->skel);
 }
 
@@ -445,14 +502,15 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
     /* Woken by the process events (each wakes the reader), by allocation
      * events once a quarter of their buffer waits, by the command's exit;
      * otherwise every DRAIN_MS to read what waits. */
-    struct pollfd fds[2] = {{.fd = ring_buffer__epoll_fd(p->rb), .events = POLLIN},
-                            {.fd = p->child ? p->child_pidfd : -1, .events = POLLIN}};
+    struct pollfd fds[3] = {{.fd = ring_buffer__epoll_fd(p->rb), .events = POLLIN},
+                            {.fd = p->child ? p->child_pidfd : -1, .events = POLLIN},
+                            {.fd = ring_buffer__epoll_fd(p->code_rb), .events = POLLIN}};
     while (!stop_requested && !*exited && !p->oom) {
         int64_t now = dd_prof_now_ns(CLOCK_MONOTONIC);
         int64_t wait_ns = DRAIN_MS * 1000000LL;
         if (deadline && deadline - now < wait_ns)
             wait_ns = deadline - now > 0 ? deadline - now : 0;
-        int ready = poll(fds, 2, (int)((wait_ns + 999999) / 1000000));
+        int ready = poll(fds, 3, (int)((wait_ns + 999999) / 1000000));
         if (ready < 0 && errno != EINTR) {
             fprintf(stderr, "ddheap-prof: poll: %s\n", strerror(errno));
             cut_short = true;

@@ -54,8 +54,10 @@ static void free_run(struct prof *p)
     dd_prof_teardown_bpf(p);
     for (size_t i = 0; i < p->proc_ids.n; i++) {
         dd_prof_objects_free(&p->procs[i].objs);
+        dd_prof_interp_free(p->procs[i].interp);
         free(p->procs[i].name);
     }
+    dd_prof_interp_names_free();
     free(p->procs);
     dd_prof_files_free();
     dd_prof_keys_free(&p->proc_ids);

@@ -478,24 +478,68 @@ int dd_prof_objects_copy(struct dd_prof_objects *dst, const struct dd_prof_objec
     return 0;
 }
 
-/* The dynamic symbol's value, or 0. */
-static uint64_t dynamic_symbol(Elf *elf, const char *want)
+/* The symbols of names[] found in the table of type sh_type (SHT_DYNSYM,
+ * SHT_SYMTAB) into out[] (those not found are left as they are). */
+static void find_symbols(Elf *elf, unsigned sh_type, const char *const *names, size_t n,
+                         struct dd_prof_elf_symbol *out)
 {
     Elf_Scn *scn = NULL;
     while ((scn = elf_nextscn(elf, scn)) != NULL) {
         GElf_Shdr sh;
-        if (gelf_getshdr(scn, &sh) == NULL || sh.sh_type != SHT_DYNSYM || sh.sh_entsize == 0)
+        if (gelf_getshdr(scn, &sh) == NULL || sh.sh_type != sh_type || sh.sh_entsize == 0)
             continue;
         Elf_Data *data = elf_getdata(scn, NULL);
         for (size_t i = 0; data && i < sh.sh_size / sh.sh_entsize; i++) {
             GElf_Sym sym;
             const char *name;
-            if (gelf_getsym(data, (int)i, &sym) && sym.st_value != 0 &&
-                (name = elf_strptr(elf, sh.sh_link, sym.st_name)) && strcmp(name, want) == 0)
-                return sym.st_value;
+            if (!gelf_getsym(data, (int)i, &sym) || sym.st_value == 0 ||
+                (name = elf_strptr(elf, sh.sh_link, sym.st_name)) == NULL)
+                continue;
+            for (size_t k = 0; k < n; k++)
+                if (out[k].value == 0 && strcmp(name, names[k]) == 0)
+                    out[k] = (struct dd_prof_elf_symbol){sym.st_value, sym.st_size};
         }
     }
-    return 0;
+}
+
+/* The dynamic symbol's value, or 0. */
+static uint64_t dynamic_symbol(Elf *elf, const char *want)
+{
+    struct dd_prof_elf_symbol sym = {0, 0};
+    find_symbols(elf, SHT_DYNSYM, &want, 1, &sym);
+    return sym.value;
+}
+
+bool dd_prof_elf_symbols(int fd, const char *const *names, size_t n,
+                         struct dd_prof_elf_symbol *out)
+{
+    memset(out, 0, n * sizeof *out);
+    Elf *elf = open_elf(fd);
+    if (elf == NULL)
+        return false;
+    find_symbols(elf, SHT_DYNSYM, names, n, out);
+    find_symbols(elf, SHT_SYMTAB, names, n, out);
+    elf_end(elf);
+    return true;
+}
+
+bool dd_prof_elf_read(int fd, uint64_t vaddr, void *buf, size_t len)
+{
+    Elf *elf = open_elf(fd);
+    size_t n;
+    bool done = false;
+    if (elf && elf_getphdrnum(elf, &n) == 0) {
+        for (size_t i = 0; i < n && !done; i++) {
+            GElf_Phdr ph;
+            if (gelf_getphdr(elf, (int)i, &ph) && ph.p_type == PT_LOAD && ph.p_vaddr <= vaddr &&
+                vaddr - ph.p_vaddr + len <= ph.p_filesz)
+                done = pread(fd, buf, len, (off_t)(ph.p_offset + (vaddr - ph.p_vaddr))) ==
+                       (ssize_t)len;
+        }
+    }
+    if (elf)
+        elf_end(elf);
+    return done;
 }
 
 uint64_t dd_prof_elf_dynamic_symbol(int fd, const char *name)

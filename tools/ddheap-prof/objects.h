@@ -121,4 +121,16 @@ uint64_t dd_prof_elf_dynamic_symbol(int fd, const char *name);
  * distance from it to _r_debug.r_state in memory. */
 bool dd_prof_elf_loader_hook(int fd, uint64_t *offset, int64_t *to_state);
 
+struct dd_prof_elf_symbol {
+    uint64_t value, size; /* link-time address (0: not found) and size */
+};
+
+/* The symbols names[0..n) of the ELF file fd, from its dynamic symbol
+ * table, else its full one (out[k].value 0 if in neither). */
+bool dd_prof_elf_symbols(int fd, const char *const *names, size_t n,
+                         struct dd_prof_elf_symbol *out);
+/* len bytes of the file as loaded at link-time address vaddr (initialised
+ * data, before any relocation); false if not all of them are in the file. */
+bool dd_prof_elf_read(int fd, uint64_t vaddr, void *buf, size_t len);
+
 #endif

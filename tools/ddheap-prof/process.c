@@ -251,6 +251,9 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc)
     /* Its unwinding session knew the old image's modules. */
     dd_prof_unwinder_release(proc->unwinder.session);
     proc->unwinder = (struct dd_prof_unwind_hold){0};
+    /* The new image's interpreter, if any, is among the objects to come. */
+    dd_prof_forget_interpreter(p, proc);
+    proc->interp_seen = proc->objs.n;
     set_name(proc);
     bool ours = p->child && proc->tgid == p->pid;
     if (ours)
@@ -293,6 +296,7 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
         uint64_t samples = proc->samples;
         dd_prof_objects_free(&proc->objs);
         dd_prof_unwinder_release(proc->unwinder.session); /* built from the objects just freed */
+        dd_prof_forget_interpreter(p, proc);
         free(proc->name);
         *proc = (struct dd_prof_proc){.tgid = (pid_t)h->tgid, .parent = (pid_t)h->ptr,
                                       .samples = samples, .known = true};
@@ -300,6 +304,7 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
             proc->name = strdup(parent->name);
         if (dd_prof_objects_copy(&proc->objs, &parent->objs) != 0)
             p->oom = true;
+        dd_prof_inherit_interpreter(p, proc, parent);
         break;
     }
     case DD_PROF_EV_EXEC:
@@ -322,6 +327,8 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
     case DD_PROF_EV_EXIT:
         proc->gone = true;
         dd_prof_note_exit(p, proc->tgid, h->ts_ns);
+        /* (Its last samples are still to be read: the names are kept.) */
+        dd_prof_stop_interpreter_walk(p, proc);
         break;
     default:
         break;

@@ -9,6 +9,8 @@
  *   output.c   writing the files: the profile, folded stacks, flame graph
  *   timeline.c the heap over time: the peak, snapshots (--every, SIGUSR1)
  *   leaks.c    the lifetime and leak report (--report)
+ *   interp.c   interpreters' frames merged into native stacks (interp.h;
+ *              CPython's, BPF walk and naming, in python/)
  *
  * The BPF programs are ddheap_prof.bpf.c; the events they send are
  * ddheap_prof.h; the profile's data structures are table.h (live blocks,
@@ -25,6 +27,7 @@
 
 #include "flame.h"
 #include "intern.h"
+#include "interp.h"
 #include "objects.h"
 #include "table.h"
 #include "unwind.h"
@@ -46,6 +49,7 @@ struct options {
     const char *peak_path, *report_path;
     double every;        /* seconds between snapshots; 0: none */
     unsigned max_files;  /* snapshots kept on disk; 0: all */
+    bool python;         /* Python frames (--python, on by default) */
 };
 
 /* The numbered snapshots of a run (timeline.c). */
@@ -79,6 +83,12 @@ struct dd_prof_proc {
      * released at its exec and fork (objs replaced) and once it is gone
      * and its events read (loop.c). None with --unwind=fp. */
     struct dd_prof_unwind_hold unwinder;
+    /* The interpreter it runs whose frames are walked (interp.h), with
+     * what the BPF side was given for it; NULL if none. Objects
+     * objs.v[0, interp_seen) have been looked at for one. */
+    struct dd_prof_interp_proc *interp;
+    struct dd_prof_interp_config interp_cfg;
+    size_t interp_seen;
 };
 
 struct prof {
@@ -98,6 +108,9 @@ struct prof {
     /* The process events alone, read from within an allocation's handler
      * when it comes from a process whose fork has not been read yet. */
     struct ring_buffer *proc_rb;
+    /* Interpreter code objects seen for the first time (code_events):
+     * read before each sample and at each wake-up, ahead of the backlog. */
+    struct ring_buffer *code_rb;
     /* The processes seen, by tgid: procs[i] is the one of key i. */
     struct dd_prof_keys proc_ids;
     struct dd_prof_proc *procs;
@@ -195,6 +208,17 @@ void dd_prof_rescan_all(struct prof *p);
  * true: it will stop again once the loader has mapped the libraries), or
  * else attaches to the libraries the loader is about to map. */
 bool dd_prof_prepare_exec(struct prof *p, struct dd_prof_proc *proc);
+/* Looks for an interpreter among the process's new objects (once it has
+ * none), and tells the BPF side to walk its frames. */
+void dd_prof_recognize_interpreter(struct prof *p, struct dd_prof_proc *proc);
+/* A forked process runs its parent's interpreter, at the same addresses. */
+void dd_prof_inherit_interpreter(struct prof *p, struct dd_prof_proc *proc,
+                                 const struct dd_prof_proc *parent);
+/* No more walks of the process's interpreter (its exit, a failed check);
+ * what names its frames stays. */
+void dd_prof_stop_interpreter_walk(struct prof *p, struct dd_prof_proc *proc);
+/* The process's interpreter is forgotten (its exec, its fork's copy). */
+void dd_prof_forget_interpreter(struct prof *p, struct dd_prof_proc *proc);
 /* Destroys every link; the uprobes go once ddheap-prof has exited. */
 void dd_prof_detach_all(struct prof *p);
 

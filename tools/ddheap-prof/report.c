@@ -1,6 +1,7 @@
 /* Resolving the stack table into locations and functions (report.h). */
 #include "report.h"
 
+#include "interp.h"
 #include "names.h"
 #include "symbolize.h"
 
@@ -78,10 +79,13 @@ static long location_of(struct dd_prof_report *r, struct process_view *v, uint64
     if (grown == NULL)
         return -1;
     r->locs = grown;
-    struct dd_prof_frame f;
-    dd_prof_symbolize(sym, addr, return_address, &f);
+    struct dd_prof_frame f = {.n = 1, .object = NULL};
+    bool interp = dd_prof_interp_frame_at(addr, &f.fn[0]);
+    if (!interp)
+        dd_prof_symbolize(sym, addr, return_address, &f);
     struct dd_prof_location *l = &r->locs[i];
     l->addr = addr;
+    l->interp = interp;
     l->object = f.object ? (long)(v->objects->first + (size_t)(f.object - objs->v)) : -1;
     l->in_ddheap_object = is_ddheap_object(f.object);
     /* ddheap's hooks inlined into the allocator are left off too: the

@@ -23,6 +23,7 @@ struct dd_prof_location {
     int line[DD_PROF_MAX_INLINE];
     unsigned n;
     bool in_ddheap_object; /* in libddheap_preload.so: ddheap's, whatever its name */
+    bool interp;           /* an interpreter's frame (interp.h): shown with file:line */
 };
 
 struct dd_prof_function {
