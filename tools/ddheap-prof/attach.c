@@ -31,15 +31,17 @@
 #pragma GCC diagnostic pop
 #include "prof.h"
 
-static bool already_attached(const struct prof *p, uint64_t dev, uint64_t ino)
+static bool already_attached(const struct prof *p, pid_t pid, uint64_t dev, uint64_t ino)
 {
     for (size_t i = 0; i < p->nattached; i++)
-        if (p->attached[i].dev == dev && p->attached[i].ino == ino)
+        if (p->attached[i].dev == dev && p->attached[i].ino == ino && p->attached[i].pid == pid)
             return true;
     return false;
 }
 
-static int keep_link(struct prof *p, struct bpf_link *l)
+/* Keeps the link, made for pid (link_pids: --all releases a process's
+ * links when it is gone, host.c). */
+static int keep_link(struct prof *p, struct bpf_link *l, pid_t pid)
 {
     if (p->nlinks == p->links_cap) {
         size_t cap = p->links_cap ? 2 * p->links_cap : 16;
@@ -47,13 +49,19 @@ static int keep_link(struct prof *p, struct bpf_link *l)
         if (v == NULL)
             return -1;
         p->links = v;
+        pid_t *pids = realloc(p->link_pids, cap * sizeof *pids);
+        if (pids == NULL)
+            return -1;
+        p->link_pids = pids;
         p->links_cap = cap;
     }
+    p->link_pids[p->nlinks] = pid;
     p->links[p->nlinks++] = l;
     return 0;
 }
 
-static int remember_file(struct file_id **v, size_t *n, size_t *cap, uint64_t dev, uint64_t ino)
+static int remember_file(struct file_id **v, size_t *n, size_t *cap, pid_t pid, uint64_t dev,
+                         uint64_t ino)
 {
     if (*n == *cap) {
         size_t c = *cap ? 2 * *cap : 16;
@@ -63,16 +71,23 @@ static int remember_file(struct file_id **v, size_t *n, size_t *cap, uint64_t de
         *v = g;
         *cap = c;
     }
-    (*v)[(*n)++] = (struct file_id){dev, ino};
+    (*v)[(*n)++] = (struct file_id){dev, ino, pid};
     return 0;
 }
 
 /* Uprobes are placed on a file: for the target alone, or, following, for
  * every process (the BPF side keeps the followed ones), so that a child
- * mapping an attached file is seen from its first instruction. */
-static pid_t uprobe_pid(const struct prof *p)
+ * mapping an attached file is seen from its first instruction. With --all,
+ * for the process pid alone, each (never for every process on the host:
+ * DESIGN.md §15). The attached files are then kept per pid. */
+static pid_t uprobe_pid(const struct prof *p, pid_t pid)
 {
-    return p->opt.follow ? -1 : p->pid;
+    return p->opt.all ? pid : p->opt.follow ? -1 : p->pid;
+}
+
+static pid_t attached_key(const struct prof *p, pid_t pid)
+{
+    return p->opt.all ? pid : 0;
 }
 
 /* Attaches free, then alloc (a block must never be seen allocated by a
@@ -82,29 +97,30 @@ static pid_t uprobe_pid(const struct prof *p)
  * /proc/PID/map_files or /proc/PID/root: a process in another mount
  * namespace, a file deleted or replaced since); name is the process's.
  * Returns 0 or -1 (message printed). */
-static int attach_file(struct prof *p, const char *kernel_path, const char *name, uint64_t dev,
-                       uint64_t ino, unsigned probes_present)
+static int attach_file(struct prof *p, pid_t pid, const char *kernel_path, const char *name,
+                       uint64_t dev, uint64_t ino, unsigned probes_present)
 {
-    if (already_attached(p, dev, ino))
+    if (already_attached(p, attached_key(p, pid), dev, ino))
         return 0;
     static const char *const probes[2] = {"free", "alloc"};
     for (int i = 0; i < 2; i++) {
         if (!(probes_present & (i == 0 ? DD_PROF_HAS_FREE : DD_PROF_HAS_ALLOC)))
             continue;
         struct bpf_program *prog = i == 0 ? p->skel->progs.on_free : p->skel->progs.on_alloc;
-        struct bpf_link *l = bpf_program__attach_usdt(prog, uprobe_pid(p), kernel_path,
+        struct bpf_link *l = bpf_program__attach_usdt(prog, uprobe_pid(p, pid), kernel_path,
                                                       p->opt.provider, probes[i], NULL);
         if (l == NULL) {
             fprintf(stderr, "ddheap-prof: cannot attach to %s:%s in %s: %s\n", p->opt.provider,
                     probes[i], name, strerror(errno));
             return -1;
         }
-        if (keep_link(p, l) != 0) {
+        if (keep_link(p, l, pid) != 0) {
             bpf_link__destroy(l);
             return -1;
         }
     }
-    if (remember_file(&p->attached, &p->nattached, &p->attached_cap, dev, ino) != 0)
+    if (remember_file(&p->attached, &p->nattached, &p->attached_cap, attached_key(p, pid), dev,
+                      ino) != 0)
         return -1;
     fprintf(stderr, "ddheap-prof: attached to %s (%s:alloc%s)\n", name, p->opt.provider,
             probes_present & DD_PROF_HAS_FREE ? ", free" : "; no free probe: allocation profile only");
@@ -135,7 +151,7 @@ int dd_prof_rescan(struct prof *p, struct dd_prof_proc *proc)
              * still profiled. */
             char path[96];
             map_files_path(path, sizeof path, proc->tgid, o);
-            attach_file(p, path, o->path, o->dev, o->ino, o->probes);
+            attach_file(p, proc->tgid, path, o->path, o->dev, o->ino, o->probes);
             o->attached = true;
         }
     }
@@ -202,7 +218,8 @@ void dd_prof_rescan_all(struct prof *p)
 static bool hook_loader(struct prof *p, pid_t pid, const struct dd_prof_object *o)
 {
     for (size_t i = 0; i < p->nloader_hooked; i++)
-        if (p->loader_hooked[i].dev == o->dev && p->loader_hooked[i].ino == o->ino)
+        if (p->loader_hooked[i].dev == o->dev && p->loader_hooked[i].ino == o->ino &&
+            p->loader_hooked[i].pid == attached_key(p, pid))
             return true;
     uint64_t offset;
     int64_t to_state;
@@ -214,13 +231,13 @@ static bool hook_loader(struct prof *p, pid_t pid, const struct dd_prof_object *
     /* (Not LIBBPF_OPTS: a statement expression, which -Wpedantic refuses.) */
     struct bpf_uprobe_opts opts = {.sz = sizeof opts, .bpf_cookie = (uint64_t)to_state};
     struct bpf_link *l =
-        bpf_program__attach_uprobe_opts(p->skel->progs.on_loader, uprobe_pid(p), path,
+        bpf_program__attach_uprobe_opts(p->skel->progs.on_loader, uprobe_pid(p, pid), path,
                                         (size_t)offset, &opts);
     if (l == NULL)
         return false;
-    if (keep_link(p, l) != 0 ||
-        remember_file(&p->loader_hooked, &p->nloader_hooked, &p->loader_hooked_cap, o->dev,
-                      o->ino) != 0)
+    if (keep_link(p, l, pid) != 0 ||
+        remember_file(&p->loader_hooked, &p->nloader_hooked, &p->loader_hooked_cap,
+                      attached_key(p, pid), o->dev, o->ino) != 0)
         return false;
     return true;
 }
@@ -305,7 +322,7 @@ static void attach_needed_libraries(struct prof *p, pid_t pid)
         struct stat st;
         unsigned probes = stat(path, &st) == 0 ? dd_prof_elf_probes(path, -1) : 0;
         if (probes & DD_PROF_HAS_ALLOC)
-            attach_file(p, path, path, st.st_dev, st.st_ino, probes);
+            attach_file(p, pid, path, path, st.st_dev, st.st_ino, probes);
     }
     free(line);
     if (f)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <linux/types.h>
 
@@ -17,7 +18,8 @@
 
 static void usage(FILE *to)
 {
-    fputs("usage: ddheap-prof [-p PID | -- CMD ARGS...] [-f | --no-follow] [-d SECONDS]\n"
+    fputs("usage: ddheap-prof [-p PID | -- CMD ARGS... | --all] [-f | --no-follow] [-d SECONDS]\n"
+          "                   [--only GLOB] [--http ADDR] [--max-blocks N] [--max-stacks N]\n"
           "                   [-o FILE.pb.gz] [--svg FILE] [--folded FILE]\n"
           "                   [--provider ddheap|otel_memory]\n"
           "                   [--value inuse_space|alloc_space|inuse_objects|alloc_objects]\n"
@@ -40,7 +42,15 @@ static void usage(FILE *to)
           "pointers in the kernel instead (cheaper; wrong for code built without them).\n"
           "In a CPython 3.10-3.13 process, each sample's Python frames are walked too and\n"
           "shown where the interpreter's eval loop is, as `function (file:line)`;\n"
-          "--python=off: native frames only.\n",
+          "--python=off: native frames only.\n"
+          "--http ADDR serves the profile as Go's net/http/pprof does, until stopped:\n"
+          "/debug/pprof/heap, /debug/pprof/allocs, ?seconds=N for a delta (docs/fleet.md);\n"
+          "a bare PORT or :PORT listens on 127.0.0.1 only. --all profiles every process on\n"
+          "the host whose objects carry the probes, as they come and go, each by its pid;\n"
+          "--only GLOB: only those whose executable's path matches (fnmatch).\n"
+          "With --http or --all, no file is written unless asked for (-o, --svg...).\n"
+          "--max-blocks and --max-stacks cap the live blocks and stacks kept (with --all\n"
+          "1000000 and 100000 by default): samples beyond are dropped, and counted.\n",
           to);
 }
 
@@ -55,7 +65,7 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
 {
     enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_UNWIND, OPT_STACK_BYTES,
            OPT_HELP, OPT_NO_FOLLOW, OPT_PEAK, OPT_EVERY, OPT_MAX_FILES, OPT_REPORT,
-           OPT_PYTHON };
+           OPT_PYTHON, OPT_HTTP, OPT_ALL, OPT_MAX_BLOCKS, OPT_MAX_STACKS, OPT_ONLY };
     static const struct option longs[] = {
         {"pid", required_argument, NULL, 'p'},       {"duration", required_argument, NULL, 'd'},
         {"output", required_argument, NULL, 'o'},    {"svg", required_argument, NULL, OPT_SVG},
@@ -72,11 +82,16 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         {"max-files", required_argument, NULL, OPT_MAX_FILES},
         {"report", required_argument, NULL, OPT_REPORT},
         {"python", required_argument, NULL, OPT_PYTHON},
+        {"http", required_argument, NULL, OPT_HTTP}, {"all", no_argument, NULL, OPT_ALL},
+        {"max-blocks", required_argument, NULL, OPT_MAX_BLOCKS},
+        {"max-stacks", required_argument, NULL, OPT_MAX_STACKS},
+        {"only", required_argument, NULL, OPT_ONLY},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.out_path = "ddheap-prof.pb.gz", .provider = "ddheap",
                           .value = DD_PROF_INUSE_SPACE, .ringbuf_kb = 16384,
                           .stack_bytes = DD_PROF_DEFAULT_STACK, .python = true};
     int c, follow = -1;
+    long max_blocks = -1, max_stacks = -1;
     char *end;
     /* '+': stop at the first non-option, so CMD's own options stay its own. */
     while ((c = getopt_long(argc, argv, "+p:d:o:vf", longs, NULL)) != -1) {
@@ -96,9 +111,9 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
             if (errno || *end || end == optarg || !(o->duration > 0) || o->duration > 1e9)
                 die_usage("-d needs a positive number of seconds, at most 1e9");
             break;
-        case 'o': o->out_path = optarg; break;
-        case OPT_SVG: o->svg_path = optarg; break;
-        case OPT_FOLDED: o->folded_path = optarg; break;
+        case 'o': o->out_path = optarg; o->files_asked = true; break;
+        case OPT_SVG: o->svg_path = optarg; o->files_asked = true; break;
+        case OPT_FOLDED: o->folded_path = optarg; o->files_asked = true; break;
         case OPT_PROVIDER:
             if (strcmp(optarg, "ddheap") != 0 && strcmp(optarg, "otel_memory") != 0)
                 die_usage("--provider is ddheap or otel_memory");
@@ -140,9 +155,29 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         case 'v': o->verbose = true; break;
         case 'f': follow = 1; break;
         case OPT_NO_FOLLOW: follow = 0; break;
-        case OPT_PEAK: o->peak_path = optarg; break;
-        case OPT_REPORT: o->report_path = optarg; break;
+        case OPT_PEAK: o->peak_path = optarg; o->files_asked = true; break;
+        case OPT_REPORT: o->report_path = optarg; o->files_asked = true; break;
+        case OPT_HTTP: {
+            struct sockaddr_storage ss;
+            unsigned len;
+            if (!dd_prof_http_parse_addr(optarg, &ss, &len))
+                die_usage("--http needs PORT, :PORT, IP:PORT or [IPV6]:PORT");
+            o->http_addr = optarg;
+            break;
+        }
+        case OPT_ALL: o->all = true; break;
+        case OPT_ONLY: o->only = optarg; break;
+        case OPT_MAX_BLOCKS:
+        case OPT_MAX_STACKS: {
+            errno = 0;
+            long v = strtol(optarg, &end, 10);
+            if (errno || *end || end == optarg || v < 0 || v > INT_MAX)
+                die_usage("--max-blocks and --max-stacks need a count (0: no cap)");
+            *(c == OPT_MAX_BLOCKS ? &max_blocks : &max_stacks) = v;
+            break;
+        }
         case OPT_EVERY:
+            o->files_asked = true;
             errno = 0;
             o->every = strtod(optarg, &end);
             /* Under 10 ms a snapshot (symbolising every stack) would be
@@ -164,11 +199,22 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
     }
     if (optind < argc)
         o->cmd = argv + optind;
-    if ((o->pid != 0) == (o->cmd != NULL))
-        die_usage(o->pid ? "give -p PID or -- CMD, not both" : "give -p PID or -- CMD");
+    if (o->only && !o->all)
+        die_usage("--only chooses among the processes of --all");
+    if (o->all && (o->pid != 0 || o->cmd != NULL))
+        die_usage("--all profiles every process with probes: no -p PID or -- CMD with it");
+    if (!o->all && (o->pid != 0) == (o->cmd != NULL))
+        die_usage(o->pid ? "give -p PID or -- CMD, not both" : "give -p PID or -- CMD, or --all");
+    /* A host agent runs for days: what it keeps is bounded by default. */
+    o->max_live = max_blocks >= 0 ? (size_t)max_blocks : o->all ? 1000000 : 0;
+    o->max_stacks = max_stacks >= 0 ? (size_t)max_stacks : o->all ? 100000 : 0;
     /* A command's work is often done by the processes it starts (make,
      * git, a shell script), and with ddheap-run or LD_PRELOAD they carry
      * the probes too: following is the default. A running service's
      * children are its own business unless asked for. */
     o->follow = follow >= 0 ? follow == 1 : o->cmd != NULL;
+    /* --all: a profiled process's children are followed, each attached
+     * for its own pid (host.c). */
+    if (o->all)
+        o->follow = true;
 }

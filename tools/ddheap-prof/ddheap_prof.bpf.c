@@ -42,6 +42,10 @@ struct {
 } followed SEC(".maps");
 
 const volatile bool follow_children = false;
+/* --all: every exec on the host is told (DD_PROF_EV_EXEC_OTHER), so that
+ * user space can look at the new image's objects; nothing else is done
+ * to a process not followed. */
+const volatile bool exec_all = false;
 
 /* Waking the reader for every event costs the traced thread an irq_work
  * each time; the reader polls every 50 ms anyway, so it is woken only
@@ -344,8 +348,11 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
 {
     __u32 tgid = (__u32)(bpf_get_current_pid_tgid() >> 32);
     __u32 *flags = bpf_map_lookup_elem(&followed, &tgid);
-    if (!flags)
+    if (!flags) {
+        if (exec_all)
+            proc_event(DD_PROF_EV_EXEC_OTHER, tgid, 0);
         return 0;
+    }
     if (*flags & DD_PROF_STOP_AT_EXEC)
         bpf_send_signal(DD_SIGSTOP);
     proc_event(DD_PROF_EV_EXEC, tgid, 0);

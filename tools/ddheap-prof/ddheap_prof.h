@@ -37,6 +37,7 @@ enum dd_prof_event_type {
      * object seen for the first time (struct dd_prof_code_event), for
      * user space to read while it is still there. */
     DD_PROF_EV_CODE = 6,
+    DD_PROF_EV_EXEC_OTHER = 7, /* --all: tgid, not followed, exec'd (a process to look at) */
 };
 
 /* The value of a process in the BPF map of followed processes. */

@@ -363,6 +363,7 @@ int dd_prof_setup_bpf(struct prof *p)
         return -1;
     }
     p->skel->rodata->follow_children = p->opt.follow;
+    p->skel->rodata->exec_all = p->opt.all;
     p->skel->rodata->stack_bytes = p->opt.unwind_fp ? 0 : (uint32_t)p->opt.stack_bytes;
     int cpus = libbpf_num_possible_cpus();
     /* A ring buffer's size is a power of two, at least a page. */
@@ -481,6 +482,8 @@ static void end_sessions_of_gone(struct prof *p)
  * so at once), or the -p process is gone. */
 static bool target_ended(struct prof *p, bool pidfd_ready, int *status)
 {
+    if (p->opt.all)
+        return false;
     if (p->child)
         return pidfd_ready && dd_prof_reap_command(p, status);
     struct dd_prof_proc *target = dd_prof_proc_of(p, p->pid);
@@ -499,18 +502,23 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
         p->opt.duration > 0 ? p->started_mono + (int64_t)(p->opt.duration * 1e9) : 0;
     int64_t next_scan = dd_prof_now_ns(CLOCK_MONOTONIC) + RESCAN_MS * 1000000LL;
     bool cut_short = false;
+    /* With --http the server goes on after the target's end, until
+     * stopped: its last profile is still served. */
+    bool serving = p->http != NULL, said_ended = false, said_dropped = false;
     /* Woken by the process events (each wakes the reader), by allocation
-     * events once a quarter of their buffer waits, by the command's exit;
-     * otherwise every DRAIN_MS to read what waits. */
-    struct pollfd fds[3] = {{.fd = ring_buffer__epoll_fd(p->rb), .events = POLLIN},
+     * events once a quarter of their buffer waits, by the command's exit,
+     * by a client of --http; otherwise every DRAIN_MS to read what waits. */
+    struct pollfd fds[4] = {{.fd = ring_buffer__epoll_fd(p->rb), .events = POLLIN},
                             {.fd = p->child ? p->child_pidfd : -1, .events = POLLIN},
-                            {.fd = ring_buffer__epoll_fd(p->code_rb), .events = POLLIN}};
-    while (!stop_requested && !*exited && !p->oom) {
+                            {.fd = ring_buffer__epoll_fd(p->code_rb), .events = POLLIN},
+                            {.fd = dd_prof_http_fd(p), .events = POLLIN}};
+    while (!stop_requested && !(*exited && !serving) && !p->oom) {
         int64_t now = dd_prof_now_ns(CLOCK_MONOTONIC);
         int64_t wait_ns = DRAIN_MS * 1000000LL;
         if (deadline && deadline - now < wait_ns)
             wait_ns = deadline - now > 0 ? deadline - now : 0;
-        int ready = poll(fds, 3, (int)((wait_ns + 999999) / 1000000));
+        wait_ns = dd_prof_host_wait_ns(p, now, dd_prof_http_wait_ns(p, now, wait_ns));
+        int ready = poll(fds, 4, (int)((wait_ns + 999999) / 1000000));
         if (ready < 0 && errno != EINTR) {
             fprintf(stderr, "ddheap-prof: poll: %s\n", strerror(errno));
             cut_short = true;
@@ -524,7 +532,29 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
         }
         end_sessions_of_gone(p);
         now = dd_prof_now_ns(CLOCK_MONOTONIC);
-        *exited = target_ended(p, ready > 0 && (fds[1].revents & POLLIN), status);
+        dd_prof_host_poll(p, now);
+        if (p->table.dropped && !said_dropped) {
+            fprintf(stderr, "ddheap-prof: a cap is reached (--max-blocks %zu, --max-stacks %zu): "
+                            "samples beyond are dropped from now on, and counted\n",
+                    p->opt.max_live, p->opt.max_stacks);
+            said_dropped = true;
+        }
+        if (!*exited) {
+            *exited = target_ended(p, ready > 0 && (fds[1].revents & POLLIN), status);
+            if (*exited)
+                fds[1].fd = -1; /* reaped: it would stay readable */
+        }
+        if (*exited && serving && !said_ended) {
+            fprintf(stderr, "ddheap-prof: pid %d has ended; its profile is served until "
+                            "ddheap-prof is stopped\n", (int)p->pid);
+            said_ended = true;
+        }
+        /* Requests see the table with every event read so far, and the
+         * exits stamped before them (as a snapshot does): without events
+         * after it, an exit would wait for the end to be applied. */
+        if (serving)
+            advance_to(p, (uint64_t)(now - SNAPSHOT_SLACK_NS));
+        dd_prof_http_run(p);
         if (deadline && now >= deadline) {
             p->interrupted = true;
             break;

@@ -16,6 +16,7 @@
  * BPF side, attaching, the loop, the outputs.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,8 @@ static int command_status(struct prof *p, int status)
 
 static void free_run(struct prof *p)
 {
+    dd_prof_http_stop(p);
+    dd_prof_host_free(p);
     dd_prof_teardown_bpf(p);
     for (size_t i = 0; i < p->proc_ids.n; i++) {
         dd_prof_objects_free(&p->procs[i].objs);
@@ -67,6 +70,7 @@ static void free_run(struct prof *p)
         free(p->deferred[i].frames);
     free(p->deferred);
     free(p->links);
+    free(p->link_pids);
     free(p->attached);
     free(p->loader_hooked);
     dd_prof_snapshots_free(p);
@@ -98,6 +102,8 @@ int main(int argc, char **argv)
     dd_prof_catch_snapshot_signal();
     dd_prof_objects_set_provider(p.opt.provider);
     dd_prof_table_init(&p.table);
+    p.table.max_live = p.opt.max_live;
+    p.table.max_stacks = p.opt.max_stacks;
     if (geteuid() != 0) {
         fprintf(stderr, "ddheap-prof: must run as root (it loads BPF programs and attaches "
                         "uprobes)\n");
@@ -115,9 +121,15 @@ int main(int argc, char **argv)
         p.opt.pid = tgid;
     }
     dd_prof_record_signals();
-    struct outputs files;
-    dd_prof_open_outputs(&p.opt, &files);
+    /* A server or an agent writes no file unless asked to. */
+    bool want_files = !(p.opt.http_addr || p.opt.all) || p.opt.files_asked;
+    struct outputs files = {0};
+    if (want_files)
+        dd_prof_open_outputs(&p.opt, &files);
     signal(SIGPIPE, SIG_IGN);
+    /* Listening before anything is attached: a port in use fails now. */
+    if (p.opt.http_addr && dd_prof_http_start(&p) != 0)
+        return 1;
 
     p.child = p.opt.cmd != NULL;
     p.child_pidfd = -1;
@@ -126,7 +138,10 @@ int main(int argc, char **argv)
         return 1;
     p.started_realtime = dd_prof_now_ns(CLOCK_REALTIME);
     p.started_mono = dd_prof_now_ns(CLOCK_MONOTONIC);
-    if (p.child) {
+    if (p.opt.all) {
+        if (dd_prof_host_start(&p) != 0)
+            return 1;
+    } else if (p.child) {
         /* Stopped at its exec; the loop attaches and lets it go. */
         int rc = dd_prof_start_command(&p);
         if (rc == 0)
@@ -153,8 +168,12 @@ int main(int argc, char **argv)
         }
         p.interval = dd_prof_interval_of(p.pid);
     }
-    fprintf(stderr, "ddheap-prof: profiling pid %d%s; Ctrl-C to stop\n", (int)p.pid,
-            p.opt.follow ? " and the processes it starts" : "");
+    if (p.opt.all)
+        fprintf(stderr, "ddheap-prof: profiling every process with %s probes; Ctrl-C to stop\n",
+                p.opt.provider);
+    else
+        fprintf(stderr, "ddheap-prof: profiling pid %d%s; Ctrl-C to stop\n", (int)p.pid,
+                p.opt.follow ? " and the processes it starts" : "");
 
     /* A run cut short (the ring buffer failed, memory ran out) still writes
      * what it has, and then exits non-zero: a partial profile is no success. */
@@ -167,15 +186,25 @@ int main(int argc, char **argv)
     int rc = 0;
     if (p.child && !exited)
         dd_prof_let_go(&p);
-    else if (p.child && !p.interrupted)
+    else if (p.child && (!p.interrupted || p.opt.http_addr))
+        /* (Served on after its end: its status is still the one to pass
+         * on when the server is stopped.) */
         rc = command_status(&p, child_status);
-    if (p.nattached == 0) {
+    dd_prof_http_stop(&p);
+    if (p.table.dropped)
+        fprintf(stderr, "ddheap-prof: %" PRIu64 " samples were dropped at the caps (--max-blocks "
+                        "%zu, --max-stacks %zu)\n",
+                p.table.dropped, p.opt.max_live, p.opt.max_stacks);
+    if (p.nattached == 0 && !p.opt.all) {
         report_no_probes(&p);
         dd_prof_detach_all(&p);
         return rc ? rc : 1;
     }
     /* The outputs first, then the uprobes' removal (the slow part). */
-    bool written = dd_prof_write_outputs(&p, &files) == 0;
+    /* (--all forgets the files of the processes gone: nattached may be 0
+     * with their profile to write.) */
+    bool written = !want_files ||
+                   ((p.nattached > 0 || p.opt.all) && dd_prof_write_outputs(&p, &files) == 0);
     dd_prof_detach_all(&p);
     free_run(&p);
     if (rc == 0 && (!written || cut_short))

@@ -395,6 +395,20 @@ static struct dd_prof_object *add_object(struct dd_prof_objects *objs, pid_t pid
     return o;
 }
 
+bool dd_prof_parse_maps_line(char *line, struct dd_prof_mapping *m)
+{
+    unsigned major, minor;
+    int path_at = 0;
+    if (sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %x:%x %" SCNu64 " %n", &m->start,
+               &m->end, m->perms, &m->offset, &major, &minor, &m->ino, &path_at) < 7 ||
+        path_at == 0 || m->ino == 0 || line[path_at] != '/')
+        return false;
+    m->path = line + path_at;
+    m->path[strcspn(m->path, "\n")] = '\0';
+    m->dev = makedev(major, minor);
+    return true;
+}
+
 int dd_prof_objects_scan(struct dd_prof_objects *objs, pid_t pid)
 {
     char name[64];
@@ -406,17 +420,11 @@ int dd_prof_objects_scan(struct dd_prof_objects *objs, pid_t pid)
     char *line = NULL;
     size_t cap = 0;
     while (getline(&line, &cap, f) > 0) {
-        uint64_t start, end, offset, ino;
-        unsigned major, minor;
-        char perms[8];
-        int path_at = 0;
-        if (sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %x:%x %" SCNu64 " %n", &start,
-                   &end, perms, &offset, &major, &minor, &ino, &path_at) < 7 ||
-            path_at == 0 || ino == 0 || line[path_at] != '/')
+        struct dd_prof_mapping m;
+        if (!dd_prof_parse_maps_line(line, &m))
             continue;
-        char *path = line + path_at;
-        path[strcspn(path, "\n")] = '\0';
-        uint64_t dev = makedev(major, minor);
+        uint64_t start = m.start, end = m.end, offset = m.offset, dev = m.dev, ino = m.ino;
+        const char *perms = m.perms, *path = m.path;
         struct dd_prof_object *o = find_load(objs, dev, ino, start);
         if (offset == 0 && (o == NULL || o->base != start)) {
             /* A new load (a later one of the same file: dlopen again). */

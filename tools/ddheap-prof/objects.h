@@ -97,6 +97,16 @@ void dd_prof_objects_set_provider(const char *provider);
  * ESRCH once the process is gone). */
 int dd_prof_objects_scan(struct dd_prof_objects *objs, pid_t pid);
 
+/* One line of /proc/PID/maps that maps a file. */
+struct dd_prof_mapping {
+    uint64_t start, end, offset, dev, ino;
+    char perms[8];
+    char *path; /* in the line, its newline cut off */
+};
+/* Parses line (modified); false if it maps no file (anonymous, [heap],
+ * [vdso]...) or cannot be read. */
+bool dd_prof_parse_maps_line(char *line, struct dd_prof_mapping *m);
+
 enum { DD_PROF_HAS_ALLOC = 1, DD_PROF_HAS_FREE = 2 };
 
 /* Which of the provider's alloc and free probes the ELF file at path (or

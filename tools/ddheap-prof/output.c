@@ -241,19 +241,32 @@ const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_tabl
     return buf;
 }
 
+/* How a served profile differs from a file's (http.c). */
+struct served {
+    int64_t from_mono_ns; /* the start of the period it covers */
+    bool alloc_first;     /* alloc_space the default sample type */
+    bool delta;           /* a change, not a state: no "why it is empty" */
+};
+
 /* One profile of table t (the run's, or a view of it) with the run's
  * comments, then note, then why it is empty if it is; from built, t's
- * symbolised report, if not NULL. */
+ * symbolised report, if not NULL; as served says if not NULL. */
 static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
                           struct symbolised *built, FILE *out, const char *path,
-                          int64_t at_mono_ns, const char *note)
+                          int64_t at_mono_ns, const char *note, const struct served *served)
 {
     uint64_t lost_alloc = p->skel->bss->lost[DD_PROF_EV_ALLOC];
     uint64_t lost_free = p->skel->bss->lost[DD_PROF_EV_FREE];
     char c_lost[256], c_what[256], c_counts[256], c_empty[300];
-    snprintf(c_what, sizeof c_what,
-             "ddheap-prof: pid %d, processes %zu (label pid), provider %s, interval %" PRIu64,
-             (int)p->pid, p->proc_ids.n, p->opt.provider, p->interval);
+    if (p->opt.all)
+        snprintf(c_what, sizeof c_what,
+                 "ddheap-prof: every process with probes on the host (--all), processes %zu "
+                 "(label pid), provider %s, interval %" PRIu64,
+                 p->proc_ids.n, p->opt.provider, p->interval);
+    else
+        snprintf(c_what, sizeof c_what,
+                 "ddheap-prof: pid %d, processes %zu (label pid), provider %s, interval %" PRIu64,
+                 (int)p->pid, p->proc_ids.n, p->opt.provider, p->interval);
     snprintf(c_lost, sizeof c_lost,
              "ddheap-prof: lost events: %" PRIu64 " (alloc %" PRIu64 ", free %" PRIu64
              "; ring buffer %lu KiB)",
@@ -262,19 +275,34 @@ static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
              "ddheap-prof: alloc events %" PRIu64 ", free events %" PRIu64
              " (%" PRIu64 " of blocks not seen allocated), live sampled blocks %zu",
              p->table.allocs, p->table.frees, p->table.unmatched_frees, p->table.nlive);
-    const char *comments[5] = {c_what, c_counts, c_lost};
+    const char *comments[6] = {c_what, c_counts, c_lost};
     size_t ncomments = 3;
+    char c_dropped[200];
+    if (p->table.dropped) {
+        snprintf(c_dropped, sizeof c_dropped,
+                 "ddheap-prof: DROPPED %" PRIu64 " samples at the caps (--max-blocks %zu, "
+                 "--max-stacks %zu): the totals are of the samples kept",
+                 p->table.dropped, p->opt.max_live, p->opt.max_stacks);
+        comments[ncomments++] = c_dropped;
+    }
     if (note)
         comments[ncomments++] = note;
-    const char *empty = dd_prof_empty_reason(p, t, DD_PROF_INUSE_SPACE, c_empty, sizeof c_empty);
+    const char *empty = served && served->delta
+                            ? NULL
+                            : dd_prof_empty_reason(p, t, DD_PROF_INUSE_SPACE, c_empty, sizeof c_empty);
     if (empty)
         comments[ncomments++] = empty;
 
     struct symbolised own, *s = built ? built : &own;
     if (built == NULL && symbolise(p, t, &own) != 0)
         return -1;
-    struct dd_prof_meta meta = {p->started_realtime, at_mono_ns - p->started_mono,
-                                (int64_t)p->interval, comments, ncomments};
+    int64_t from = served ? served->from_mono_ns : p->started_mono;
+    struct dd_prof_meta meta = {.time_nanos = p->started_realtime + (from - p->started_mono),
+                                .duration_nanos = at_mono_ns - from,
+                                .period = (int64_t)p->interval,
+                                .comments = comments,
+                                .ncomments = ncomments,
+                                .alloc_first = served && served->alloc_first};
     int rc = dd_prof_write_pprof(out, path, &s->r, &s->all, &meta);
     if (built == NULL)
         symbolised_free(&own);
@@ -284,7 +312,28 @@ static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
 int dd_prof_write_profile(struct prof *p, const struct dd_prof_table *t, FILE *out,
                           const char *path, int64_t at_mono_ns, const char *note)
 {
-    return write_pprof_of(p, t, NULL, out, path, at_mono_ns, note);
+    return write_pprof_of(p, t, NULL, out, path, at_mono_ns, note, NULL);
+}
+
+int dd_prof_profile_bytes(struct prof *p, const struct dd_prof_table *t, int64_t from_mono_ns,
+                          int64_t at_mono_ns, const char *note, bool alloc_first, char **buf,
+                          size_t *len)
+{
+    /* A period that starts after the run's is a delta (?seconds=N). */
+    struct served served = {from_mono_ns, alloc_first, from_mono_ns != p->started_mono};
+    *buf = NULL;
+    *len = 0;
+    FILE *mem = open_memstream(buf, len);
+    if (mem == NULL)
+        return -1;
+    int rc = write_pprof_of(p, t, NULL, mem, "a served profile", at_mono_ns, note, &served);
+    if (fclose(mem) != 0)
+        rc = -1;
+    if (rc != 0) {
+        free(*buf);
+        *buf = NULL;
+    }
+    return rc;
 }
 
 /* One file of a snapshot, from the run's table symbolised once. */
@@ -316,7 +365,8 @@ static int write_through_temp(const char *path, int (*write)(FILE *, void *), vo
 static int write_profile_job(FILE *f, void *ctx)
 {
     const struct file_job *j = ctx;
-    return write_pprof_of(j->p, &j->p->table, j->s, f, j->path, j->at_mono_ns, j->note);
+    return write_pprof_of(j->p, &j->p->table, j->s, f, j->path, j->at_mono_ns, j->note,
+                          NULL);
 }
 
 static int write_svg_job(FILE *f, void *ctx)
@@ -490,7 +540,7 @@ static int write_all(struct prof *p, const struct outputs *f)
             rc = -1;
     }
     if (f->out) {
-        if (write_pprof_of(p, &p->table, NULL, f->out, p->opt.out_path, end, NULL) == 0)
+        if (write_pprof_of(p, &p->table, NULL, f->out, p->opt.out_path, end, NULL, NULL) == 0)
             fprintf(stderr, "ddheap-prof: wrote %s (%zu stacks)\n", p->opt.out_path,
                     p->table.nstacks);
         else

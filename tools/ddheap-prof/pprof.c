@@ -118,7 +118,7 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     }
     prof.n_sample_type = NVALUES;
     prof.sample_type = vtp;
-    prof.default_sample_type = vt[3].type;
+    prof.default_sample_type = meta->alloc_first ? vt[1].type : vt[3].type;
     period_type.type = str(strings, "space", &failed);
     period_type.unit = str(strings, "bytes", &failed);
     prof.period_type = &period_type;

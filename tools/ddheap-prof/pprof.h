@@ -5,6 +5,7 @@
 #ifndef DDHEAP_PROF_PPROF_H
 #define DDHEAP_PROF_PPROF_H
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "objects.h"
@@ -15,6 +16,9 @@ struct dd_prof_meta {
     int64_t period; /* the sampling interval, bytes */
     const char **comments;
     size_t ncomments;
+    /* alloc_space the default sample type (Go's /debug/pprof/allocs);
+     * inuse_space otherwise. */
+    bool alloc_first;
 };
 
 /* Writes to out (already open, so a bad path failed before attaching).

@@ -277,6 +277,11 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
     const struct dd_prof_event_head *h = data;
     if (size < sizeof *h)
         return 0;
+    if (h->type == DD_PROF_EV_EXEC_OTHER) {
+        /* Not followed: no entry for it unless it has probes (host.c). */
+        dd_prof_host_on_exec(p, (pid_t)h->tgid);
+        return 0;
+    }
     struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)h->tgid);
     if (proc == NULL) {
         p->oom = true;
@@ -304,6 +309,8 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
             proc->name = strdup(parent->name);
         if (dd_prof_objects_copy(&proc->objs, &parent->objs) != 0)
             p->oom = true;
+        else if (p->opt.all)
+            dd_prof_host_on_fork(p, proc);
         dd_prof_inherit_interpreter(p, proc, parent);
         break;
     }

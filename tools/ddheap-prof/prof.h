@@ -11,6 +11,8 @@
  *   leaks.c    the lifetime and leak report (--report)
  *   interp.c   interpreters' frames merged into native stacks (interp.h;
  *              CPython's, BPF walk and naming, in python/)
+ *   http.c     serving the profile as Go's net/http/pprof (--http)
+ *   host.c     finding every process with probes on the host (--all)
  *
  * The BPF programs are ddheap_prof.bpf.c; the events they send are
  * ddheap_prof.h; the profile's data structures are table.h (live blocks,
@@ -29,6 +31,7 @@
 #include "intern.h"
 #include "interp.h"
 #include "objects.h"
+#include "symbolize.h"
 #include "table.h"
 #include "unwind.h"
 
@@ -50,6 +53,13 @@ struct options {
     double every;        /* seconds between snapshots; 0: none */
     unsigned max_files;  /* snapshots kept on disk; 0: all */
     bool python;         /* Python frames (--python, on by default) */
+    const char *http_addr; /* --http: serve the profile there (http.c) */
+    bool all;            /* --all: every process with probes on the host (host.c) */
+    const char *only;    /* --only GLOB: --all's processes whose executable matches */
+    /* Any file output asked for: with --http or --all none is written
+     * unless asked for. */
+    bool files_asked;
+    size_t max_live, max_stacks; /* --max-blocks, --max-stacks (0: none) */
 };
 
 /* The numbered snapshots of a run (timeline.c). */
@@ -64,6 +74,7 @@ struct snapshots {
 
 struct file_id {
     uint64_t dev, ino;
+    pid_t pid; /* --all: the process it was attached for; 0 otherwise */
 };
 
 /* One process of the run: the target or a process it forked. Its
@@ -77,6 +88,7 @@ struct dd_prof_proc {
     /* Its fork or exec was read, or the process events were read again
      * for it (loop.c): its objects are what the reader can know. */
     bool known;
+    bool links_released; /* --all: its uprobes released once gone (host.c) */
     struct dd_prof_objects objs;
     /* Its DWARF unwinding session (shared with the processes whose
      * objects are the same), taken for objs at its first copied stack;
@@ -139,6 +151,7 @@ struct prof {
     uint64_t event_bytes, events;      /* read from the ring buffer (-v) */
     struct bpf_link *tracepoint_links[3]; /* fork, exec, exit */
     struct bpf_link **links;
+    pid_t *link_pids; /* the process each link was made for */
     size_t nlinks, links_cap;
     struct file_id *attached;
     size_t nattached, attached_cap;
@@ -147,6 +160,8 @@ struct prof {
     bool interrupted; /* the run was ended by Ctrl-C, SIGTERM or -d */
     int64_t started_realtime, started_mono; /* ns, when profiling began */
     struct snapshots snaps;
+    struct dd_prof_http *http;   /* --http's server, NULL without */
+    struct dd_prof_host *host;   /* --all's discovery, NULL without */
 };
 
 /* The outputs of the end, created before anything is attached (each a
@@ -270,6 +285,45 @@ int dd_prof_write_snapshot_files(struct prof *p, const char *pb_path, const char
  * NULL if it is not empty. */
 const char *dd_prof_empty_reason(const struct prof *p, const struct dd_prof_table *t,
                                  enum dd_prof_value v, char *buf, size_t len);
+
+/* One complete gzipped profile of table t, covering from_mono_ns (the
+ * run's start, or a delta's) to at_mono_ns, into a malloc'd buffer (*buf,
+ * *len); alloc_space the default sample type if alloc_first. Returns 0 or
+ * -1. */
+int dd_prof_profile_bytes(struct prof *p, const struct dd_prof_table *t, int64_t from_mono_ns,
+                          int64_t at_mono_ns, const char *note, bool alloc_first, char **buf,
+                          size_t *len);
+
+/* http.c: --http (one server, run from the event loop; no threads). */
+struct sockaddr_storage;
+/* ADDR: PORT or :PORT (loopback), IPV4:PORT, [IPV6]:PORT, localhost:PORT. */
+bool dd_prof_http_parse_addr(const char *addr, struct sockaddr_storage *ss, unsigned *len);
+/* Listens (the address said on stderr); returns 0, or -1 (message printed). */
+int dd_prof_http_start(struct prof *p);
+/* The descriptor the loop polls for the server (-1 without --http). */
+int dd_prof_http_fd(const struct prof *p);
+/* wait_ns, or less if the server needs to run sooner. */
+int64_t dd_prof_http_wait_ns(const struct prof *p, int64_t now_ns, int64_t wait_ns);
+/* Answers what can be answered now (requests, deltas that are due). */
+void dd_prof_http_run(struct prof *p);
+void dd_prof_http_stop(struct prof *p);
+
+/* host.c: --all. */
+/* Finds every running process with probes and attaches to each (by pid);
+ * returns 0 or -1 (message printed). */
+int dd_prof_host_start(struct prof *p);
+/* A process has exec'd (any process on the host, with --all). */
+void dd_prof_host_on_exec(struct prof *p, pid_t tgid);
+/* A followed process has forked this child (followed by the BPF side):
+ * it is attached by its own pid. */
+void dd_prof_host_on_fork(struct prof *p, struct dd_prof_proc *child);
+/* After a consume: releases the uprobes of the processes gone; checks
+ * the processes due a look: the recently exec'd, and every few seconds
+ * every process not profiled (dlopen). */
+void dd_prof_host_poll(struct prof *p, int64_t now_ns);
+/* wait_ns, or less if a process is due a look sooner. */
+int64_t dd_prof_host_wait_ns(const struct prof *p, int64_t now_ns, int64_t wait_ns);
+void dd_prof_host_free(struct prof *p);
 
 /* timeline.c */
 /* Checks the snapshot options against -o; exits 2 on a bad pattern. */

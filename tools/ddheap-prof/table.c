@@ -110,7 +110,7 @@ static int grow_stack_slots(struct dd_prof_table *t)
 }
 
 /* The index of the stack with these frames, added if new; -1 if out of
- * memory. */
+ * memory, -2 if new and the table holds max_stacks already. */
 static long intern_stack(struct dd_prof_table *t, uint32_t tgid, const uint64_t *frames,
                          uint32_t n)
 {
@@ -124,6 +124,8 @@ static long intern_stack(struct dd_prof_table *t, uint32_t tgid, const uint64_t 
             memcmp(s->frames, frames, n * sizeof *frames) == 0)
             return (long)t->stack_slots[j] - 1;
     }
+    if (t->max_stacks && t->nstacks >= t->max_stacks)
+        return -2;
     if (t->nstacks == t->stacks_cap) {
         size_t cap = t->stacks_cap ? 2 * t->stacks_cap : 256;
         struct dd_prof_stack *grown = realloc(t->stacks, cap * sizeof *grown);
@@ -340,7 +342,17 @@ int dd_prof_table_alloc(struct dd_prof_table *t, const struct dd_prof_sample *a,
 {
     uint64_t ptr = a->ptr, size = a->size, weight = a->weight;
     dd_prof_table_advance(t, a->ts_ns);
+    /* At a cap: the sample is dropped whole (counted), so that every total
+     * stays a sum over the blocks kept. */
+    if (t->max_live && t->nlive >= t->max_live) {
+        t->dropped++;
+        return 0;
+    }
     long stack = intern_stack(t, a->tgid, frames, nframes);
+    if (stack == -2) {
+        t->dropped++;
+        return 0;
+    }
     uint32_t *count = proc_live_count(t, a->tgid);
     if (stack < 0 || count == NULL)
         return -1;

@@ -86,6 +86,10 @@ struct dd_prof_table {
     /* What processes held when they exited. */
     uint64_t exited_blocks;
     double exited_space;
+    /* Caps (0: none): a sample that would make more live blocks or more
+     * stacks than these is dropped, and counted. */
+    size_t max_live, max_stacks;
+    uint64_t dropped;
 
     /* The estimated live bytes (sum of live weights) now and at its
      * highest; the stacks changed since that peak (each once). */
