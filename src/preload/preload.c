@@ -111,6 +111,7 @@ static void route_arena_frees(void)
     static bool routed;
     if (__atomic_load_n(&routed, __ATOMIC_ACQUIRE))
         return;
+    /* every 4 KiB of the arena: the summary's unit, whatever the page size */
     for (uintptr_t page = (uintptr_t)arena; page < (uintptr_t)arena + ARENA_BYTES; page += 4096)
         __atomic_store_n(&ddheap_shared_v3.shadow_summary[(uint32_t)page >> 12], UINT8_MAX,
                          __ATOMIC_RELEASE);
@@ -480,12 +481,12 @@ static inline void *preload_reallocarray(ddheap_reallocarray_via **slot, void *p
     return ddheap_family_reallocarray(via, ptr, count, size);
 }
 
-/* The frees test the summary only (summary_nonzero): the long way,
- * early_free*, runs the arena check and the hooks' whole test, whose
- * gates (this copy's free gate, the process's count of marks) only save
- * work when the summary is not read at all. Here it is read at every
- * free, traced or not: one byte of a table that stays the kernel's zero
- * page until a mark lands, so no cache or memory to speak of. */
+/* The frees test the summary only (summary_nonzero); the long way,
+ * early_free*, checks the arena, then unmarks (ddheap__release, exact).
+ * The hooks' gates (this copy's free gate, the process's count of marks)
+ * only save work when the summary is not read at all; here it is read at
+ * every free, traced or not: one byte of a table that stays the kernel's
+ * zero page until a mark lands, so no cache or memory to speak of. */
 static inline void preload_free(ddheap_free_via **slot, void *ptr)
 {
     ddheap_free_via *via = LOADED(slot);
