@@ -464,12 +464,30 @@ static inline void *preload_calloc(ddheap_calloc_via **slot, size_t count, size_
     return ddheap_family_calloc(via, count, size);
 }
 
+/* A realloc whose new block is to be sampled (the countdown ran out), the
+ * old one being neither marked nor the arena's: the fast path's cold half
+ * (ddheap/fastpath.h, dd_allocation_realloc_prepare). */
+__attribute__((noinline, cold)) static void *sampled_realloc(ddheap_realloc_via *via, void *ptr,
+                                                             size_t size)
+{
+    dd_realloc_prep_t prep = ddheap__realloc_prepare(ptr, size);
+    return dd_allocation_realloc_commit(ptr, via(prep.raw_ptr, prep.raw_size), prep);
+}
+
+/* As free, the old block's summary counter decides (preload_free): zero,
+ * it is neither marked nor the arena's, and the call is an allocation of
+ * `size` for the hooks, a jump to the allocator unless it is sampled.
+ * (ddheap_family_realloc's two halves around the call kept a frame and
+ * the halves' state across it: about 25 instructions on every realloc.) */
 static inline void *preload_realloc(ddheap_realloc_via **slot, void *ptr, size_t size)
 {
     ddheap_realloc_via *via = LOADED(slot);
-    if (__builtin_expect(via == NULL || in_arena(ptr), 0))
+    if (__builtin_expect(via == NULL || summary_nonzero(ptr), 0))
         return early_realloc(slot, ptr, size);
-    return ddheap_family_realloc(via, ptr, size);
+    if (__builtin_expect(ddheap__nonzero32(&ddheap__tracer_gate), 0) &&
+        __builtin_expect(ddheap__countdown_borrows((uint64_t)size), 0))
+        return sampled_realloc(via, ptr, size);
+    return via(ptr, size);
 }
 
 static inline void *preload_reallocarray(ddheap_reallocarray_via **slot, void *ptr, size_t count,
@@ -481,7 +499,7 @@ static inline void *preload_reallocarray(ddheap_reallocarray_via **slot, void *p
     return ddheap_family_reallocarray(via, ptr, count, size);
 }
 
-/* The frees test the summary only (summary_nonzero); the long way,
+/* The frees (and realloc) test the summary only (summary_nonzero); the long way,
  * early_free*, checks the arena, then unmarks (ddheap__release, exact).
  * The hooks' gates (this copy's free gate, the process's count of marks)
  * only save work when the summary is not read at all; here it is read at
