@@ -92,6 +92,32 @@ static bool in_arena(const void *ptr)
     return (uintptr_t)ptr - (uintptr_t)arena < ARENA_BYTES;
 }
 
+/* The free path's one test (preload_free): the shadow summary counter of
+ * the pointer's page residue (src/mark_shadow.h). Non-zero for every marked
+ * block, by the scheme's own rule, and for every block of the arena, whose
+ * counters are set to 255, a value that never changes again (counters
+ * saturate there), before its first block is handed out: a zero sends the
+ * free straight to the allocator with neither the arena's range check nor
+ * the hooks' gates. Blocks that merely share a residue with either go the
+ * long way, which decides exactly. */
+static bool summary_nonzero(const void *ptr)
+{
+    const uint8_t *summary = ddheap_shared_v3.shadow_summary;
+    return ddheap__nonzero8(&summary[(uint32_t)(uintptr_t)ptr >> 12]);
+}
+
+static void route_arena_frees(void)
+{
+    static bool routed;
+    if (__atomic_load_n(&routed, __ATOMIC_ACQUIRE))
+        return;
+    /* every 4 KiB of the arena: the summary's unit, whatever the page size */
+    for (uintptr_t page = (uintptr_t)arena; page < (uintptr_t)arena + ARENA_BYTES; page += 4096)
+        __atomic_store_n(&ddheap_shared_v3.shadow_summary[(uint32_t)page >> 12], UINT8_MAX,
+                         __ATOMIC_RELEASE);
+    __atomic_store_n(&routed, true, __ATOMIC_RELEASE);
+}
+
 static void *arena_aligned(size_t alignment, size_t size)
 {
     if (alignment < ARENA_HEADER)
@@ -100,6 +126,7 @@ static void *arena_aligned(size_t alignment, size_t size)
         errno = alignment > 4096 || size > ARENA_BYTES ? ENOMEM : EINVAL;
         return NULL;
     }
+    route_arena_frees(); /* before any arena block can be freed */
     size_t start = __atomic_load_n(&arena_used, __ATOMIC_RELAXED);
     size_t user, end;
     do {
@@ -350,15 +377,17 @@ __attribute__((noinline, cold)) static void *early_reallocarray(ddheap_reallocar
     return ddheap_family_reallocarray(via != NULL ? via : realloc, ptr, count, size);
 }
 
-/* A block freed while resolution is under way is one another thread made
- * before: left alone (a leak, never a wrong free). */
+/* A free whose summary counter is non-zero (preload_free): an arena
+ * block, a marked block, or one that shares a residue with either. Also
+ * every free while resolution is under way: a block freed then is one
+ * another thread made before, left alone (a leak, never a wrong free). */
 __attribute__((noinline, cold)) static void early_free(ddheap_free_via **slot, void *ptr)
 {
     if (__builtin_expect(in_arena(ptr), 0))
         return;
     ddheap_free_via *via = TARGET(slot);
-    if (via != NULL)
-        ddheap_family_free(via, ptr);
+    if (via != NULL) /* the summary was read: straight to the unmark */
+        via(ddheap__release(ptr, 0).ptr);
 }
 
 __attribute__((noinline, cold)) static int early_posix_memalign(ddheap_posix_memalign_via **slot, void **out,
@@ -403,7 +432,7 @@ __attribute__((noinline, cold)) static void early_free_sized(ddheap_free_sized_v
         return;
     ddheap_free_sized_via *via = TARGET(slot);
     if (via != NULL)
-        ddheap_family_free_sized(via, ptr, size);
+        via(ddheap__release(ptr, size).ptr, size);
 }
 
 __attribute__((noinline, cold)) static void early_free_aligned_sized(ddheap_free_aligned_sized_via **slot, void *ptr,
@@ -413,7 +442,7 @@ __attribute__((noinline, cold)) static void early_free_aligned_sized(ddheap_free
         return;
     ddheap_free_aligned_sized_via *via = TARGET(slot);
     if (via != NULL)
-        ddheap_family_free_aligned_sized(via, ptr, alignment, size);
+        via(ddheap__release(ptr, size).ptr, alignment, size);
 }
 
 
@@ -435,12 +464,30 @@ static inline void *preload_calloc(ddheap_calloc_via **slot, size_t count, size_
     return ddheap_family_calloc(via, count, size);
 }
 
+/* A realloc whose new block is to be sampled (the countdown ran out), the
+ * old one being neither marked nor the arena's: the fast path's cold half
+ * (ddheap/fastpath.h, dd_allocation_realloc_prepare). */
+__attribute__((noinline, cold)) static void *sampled_realloc(ddheap_realloc_via *via, void *ptr,
+                                                             size_t size)
+{
+    dd_realloc_prep_t prep = ddheap__realloc_prepare(ptr, size);
+    return dd_allocation_realloc_commit(ptr, via(prep.raw_ptr, prep.raw_size), prep);
+}
+
+/* As free, the old block's summary counter decides (preload_free): zero,
+ * it is neither marked nor the arena's, and the call is an allocation of
+ * `size` for the hooks, a jump to the allocator unless it is sampled.
+ * (ddheap_family_realloc's two halves around the call kept a frame and
+ * the halves' state across it: about 25 instructions on every realloc.) */
 static inline void *preload_realloc(ddheap_realloc_via **slot, void *ptr, size_t size)
 {
     ddheap_realloc_via *via = LOADED(slot);
-    if (__builtin_expect(via == NULL || in_arena(ptr), 0))
+    if (__builtin_expect(via == NULL || summary_nonzero(ptr), 0))
         return early_realloc(slot, ptr, size);
-    return ddheap_family_realloc(via, ptr, size);
+    if (__builtin_expect(ddheap__nonzero32(&ddheap__tracer_gate), 0) &&
+        __builtin_expect(ddheap__countdown_borrows((uint64_t)size), 0))
+        return sampled_realloc(via, ptr, size);
+    return via(ptr, size);
 }
 
 static inline void *preload_reallocarray(ddheap_reallocarray_via **slot, void *ptr, size_t count,
@@ -452,13 +499,19 @@ static inline void *preload_reallocarray(ddheap_reallocarray_via **slot, void *p
     return ddheap_family_reallocarray(via, ptr, count, size);
 }
 
+/* The frees (and realloc) test the summary only (summary_nonzero); the long way,
+ * early_free*, checks the arena, then unmarks (ddheap__release, exact).
+ * The hooks' gates (this copy's free gate, the process's count of marks)
+ * only save work when the summary is not read at all; here it is read at
+ * every free, traced or not: one byte of a table that stays the kernel's
+ * zero page until a mark lands, so no cache or memory to speak of. */
 static inline void preload_free(ddheap_free_via **slot, void *ptr)
 {
     ddheap_free_via *via = LOADED(slot);
-    if (__builtin_expect(via == NULL || in_arena(ptr), 0))
+    if (__builtin_expect(via == NULL || summary_nonzero(ptr), 0))
         early_free(slot, ptr);
     else
-        ddheap_family_free(via, ptr);
+        via(ptr);
 }
 
 static inline int preload_posix_memalign(ddheap_posix_memalign_via **slot, void **out,
@@ -500,10 +553,10 @@ __attribute__((unused)) static inline void preload_free_sized(ddheap_free_sized_
                                                               void *ptr, size_t size)
 {
     ddheap_free_sized_via *via = LOADED(slot);
-    if (__builtin_expect(via == NULL || in_arena(ptr), 0))
+    if (__builtin_expect(via == NULL || summary_nonzero(ptr), 0))
         early_free_sized(slot, ptr, size);
     else
-        ddheap_family_free_sized(via, ptr, size);
+        via(ptr, size);
 }
 
 __attribute__((unused)) static inline void
@@ -511,10 +564,10 @@ preload_free_aligned_sized(ddheap_free_aligned_sized_via **slot, void *ptr, size
                            size_t size)
 {
     ddheap_free_aligned_sized_via *via = LOADED(slot);
-    if (__builtin_expect(via == NULL || in_arena(ptr), 0))
+    if (__builtin_expect(via == NULL || summary_nonzero(ptr), 0))
         early_free_aligned_sized(slot, ptr, alignment, size);
     else
-        ddheap_family_free_aligned_sized(via, ptr, alignment, size);
+        via(ptr, alignment, size);
 }
 
 /* The exported functions, one per line of src/malloc_family.def; the C23

@@ -11,7 +11,10 @@ Tests that need no tracer (suite 'unit'):
              kept after it; the PID it prints
              is the program's; the exit status passes through
   same       each program prints the same with and without the library,
-             sampling on (interval 1 and default) or off
+             sampling on (interval 1 and default) or off; blocks of the
+             library's bootstrap arena (its first and last page) freed
+             from python3 with the library loaded: never handed to glibc
+             (which would abort), untraced and with a block sampled
 Tests with bpftrace (suite 'tracer', root; never skipped when root):
   python     the shipped ddheap-alloc.bt / ddheap-live.bt, given the
              library's path, estimate the known allocation within 5 sd;
@@ -154,6 +157,39 @@ def test_same(c, b):
         for extra in ({}, {"DD_HEAP_SAMPLING_INTERVAL": "1"}, {"DD_HEAP_SAMPLING_ENABLED": "0"}):
             got = run_once(cmd, env_with(b, True, extra), stdin, b.wrapper)
             c.equal(result_lines(got), result_lines(plain), f"{name} with the library {extra}")
+    if not b.wrapper:  # (no python3 of the emulated machine)
+        check_arena_free(c, b)
+
+
+# Frees two addresses of the library's bootstrap arena (the symbol
+# `arena`, at an offset given in argv from the library's own symbol table,
+# from where /proc/self/maps says the library starts). The library sends
+# such a free nowhere; glibc would abort on it.
+ARENA_FREE = """
+import ctypes, sys
+lib, offset, size = sys.argv[1], int(sys.argv[2], 16), int(sys.argv[3], 16)
+base = min(int(l.split("-")[0], 16) for l in open("/proc/self/maps") if l.rstrip().endswith(lib))
+libc = ctypes.CDLL(None)
+libc.free.argtypes = [ctypes.c_void_p]
+libc.malloc.restype = ctypes.c_void_p
+keep = libc.malloc(1 << 20)  # sampled at interval 1: a mark is live, every gate open
+for at in (16, size - 64):
+    libc.free(base + offset + at)
+libc.free(keep)
+print("arena frees: done")
+"""
+
+
+def check_arena_free(c, b):
+    syms = subprocess.run([b.nm, "-S", b.lib], capture_output=True, text=True,
+                          check=True).stdout
+    m = re.search(r"^([0-9a-f]+) ([0-9a-f]+) b arena$", syms, re.M)
+    if m is None:
+        raise Failure("no symbol `arena` in the library (stripped?)")
+    for extra in ({}, {"DD_HEAP_SAMPLING_INTERVAL": "1"}):
+        out = run_once(["/usr/bin/python3", "-c", ARENA_FREE, os.path.realpath(b.lib),
+                        m.group(1), m.group(2)], env_with(b, True, extra))
+        c.check("arena frees: done" in out, f"arena blocks freed through the library {extra}")
 
 
 def sigma_equal_blocks(count, size, interval):

@@ -14,6 +14,7 @@ heaptrack is missing. Ends with "N passed, N failed".
 
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,16 @@ def compile_program(compiler, source, out, *more):
     return out
 
 
+def quick_walk_agrees(c, err, name):
+    """The quick walk (tools/ddheap-prof/unwind.c) unwound some of the
+    run's stacks, each to exactly the frames and end libdwfl's walk gave."""
+    m = re.search(r"unwinding checked on (\d+) stacks: (\d+) differ", err)
+    checked, differ = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    c.check(checked > 0 and differ == 0,
+            f"{name}: quick walk checked against libdwfl's on {checked} stacks, "
+            f"{differ} differ (some checked, none differ)")
+
+
 def profile_built(prof, preload, artifacts, compiler, source, name, scale):
     """Builds tests/prof/SOURCE with `COMPILER -O2` and profiles it through
     the preload library: returns (pb path, paths, truth file)."""
@@ -68,7 +79,9 @@ def profile_built(prof, preload, artifacts, compiler, source, name, scale):
 
 def profile(prof, args, cmd, artifacts, name, env=None, check=True):
     """ddheap-prof -v ARGS -o NAME.pb.gz --folded --svg -- CMD; returns
-    (pb path, stderr, paths)."""
+    (pb path, stderr, paths). Every DWARF walk is made twice, the quick
+    one by cached rules and libdwfl's (DDHEAP_PROF_CHECK_UNWIND=1), the
+    profile keeping libdwfl's: quick_walk_agrees() reads the comparison."""
     paths = {k: os.path.join(artifacts, f"{name}.{k}") for k in ("pb.gz", "folded", "svg")}
     for p in paths.values():
         if os.path.exists(p):
@@ -77,7 +90,7 @@ def profile(prof, args, cmd, artifacts, name, env=None, check=True):
                         "--svg", paths["svg"], "--value", "alloc_space"] + args + ["--"] + cmd,
                        capture_output=True, text=True, timeout=TIMEOUT,
                        env=dict(os.environ, DD_HEAP_SAMPLING_INTERVAL=str(INTERVAL),
-                                **(env or {})))
+                                DDHEAP_PROF_CHECK_UNWIND="1", **(env or {})))
     err = "\n".join(l for l in r.stderr.splitlines() if not l.startswith("libbpf:"))
     if check and r.returncode != 0:
         raise Failure(f"ddheap-prof exited with {r.returncode}:\n{err[-3000:]}")
@@ -214,12 +227,14 @@ def test_c_truncated(c, prof, preload, run, artifacts):
     truth = os.path.join(artifacts, "c-deep.truth")
     pb, err, _ = profile(prof, ["--stack-bytes", "4096"], [exe, truth, "deep"], artifacts,
                          "c-deep-4k", {"LD_PRELOAD": preload})
+    quick_walk_agrees(c, err, "--stack-bytes 4096")
     sts = [x for x in stacks(read_raw(pb)) if "site_deep" in x[1]]
     marked = share(sts, lambda n: n[-1] == "[truncated]")
     c.check(sts and marked == 1.0,
              f"--stack-bytes 4096: stacks of site_deep ending in [truncated]: {marked:.4f} (1.0)")
     pb, err, _ = profile(prof, ["--stack-bytes", "65536"], [exe, truth, "deep"], artifacts,
                          "c-deep-64k", {"LD_PRELOAD": preload})
+    quick_walk_agrees(c, err, "--stack-bytes 65536")
     sts = [x for x in stacks(read_raw(pb)) if "site_deep" in x[1]]
     full = share(sts, lambda n: "main" in n and n.count("recurse") == 25)
     c.check(sts and full >= 0.99,
@@ -388,6 +403,7 @@ def test_python(c, prof, preload, run, artifacts):
     pb, err, _ = profile(prof, [], [run, python, script], artifacts, "python",
                          {"DDHEAP_PRELOAD_LIB": preload})
     show(pb, "python3")
+    quick_walk_agrees(c, err, "python3")
     sts = stacks(read_raw(pb))
     check_real_program(c, sts, "python3", ["Py_RunMain", "_PyEval_EvalFrameDefault"])
     report_depth(sts, "python3")
@@ -408,6 +424,7 @@ def test_sqlite(c, prof, preload, run, artifacts):
     pb, err, _ = profile(prof, [], [run] + cmd, artifacts, "sqlite",
                          {"DDHEAP_PRELOAD_LIB": preload})
     show(pb, "sqlite3, --stack-bytes 16384 (the default)")
+    quick_walk_agrees(c, err, "sqlite3")
     sts = stacks(read_raw(pb))
     marked = share(sts, lambda n: reaches_main(n) or n[-1] == "[truncated]")
     c.check(marked == 1.0, f"sqlite3, 16 KiB: stacks reaching main or marked [truncated]: "

@@ -449,6 +449,9 @@ void dd_prof_teardown_bpf(struct prof *p)
                 (unsigned long long)st->stacks, (unsigned long long)st->truncated,
                 st->stacks ? (double)st->frames / (double)st->stacks : 0.0,
                 st->stacks ? (double)st->ns / 1e3 / (double)st->stacks : 0.0);
+    if (!p->opt.unwind_fp && st->checked)
+        fprintf(stderr, "ddheap-prof: unwinding checked on %llu stacks: %llu differ\n",
+                (unsigned long long)st->checked, (unsigned long long)st->mismatched);
     for (size_t i = 0; i < p->proc_ids.n; i++) {
         dd_prof_unwinder_release(p->procs[i].unwinder.session);
         p->procs[i].unwinder.session = NULL;
@@ -479,15 +482,18 @@ static void end_sessions_of_gone(struct prof *p)
 }
 
 /* Whether the target has ended: our command has exited (its pidfd says
- * so at once), or the -p process is gone. */
-static bool target_ended(struct prof *p, bool pidfd_ready, int *status)
+ * so at once), or the -p process is gone (its exit event says so at once;
+ * /proc, which also tells a zombie, is asked only when `ask_proc`: a
+ * read of /proc/PID/stat at every wake-up was a third of what an idle
+ * ddheap-prof cost). */
+static bool target_ended(struct prof *p, bool pidfd_ready, bool ask_proc, int *status)
 {
     if (p->opt.all)
         return false;
     if (p->child)
         return pidfd_ready && dd_prof_reap_command(p, status);
     struct dd_prof_proc *target = dd_prof_proc_of(p, p->pid);
-    return (target && target->gone) || dd_prof_process_gone(p->pid);
+    return (target && target->gone) || (ask_proc && dd_prof_process_gone(p->pid));
 }
 
 /* Runs until Ctrl-C, -d, the process's end or a failure (prof.h). */
@@ -540,7 +546,8 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
             said_dropped = true;
         }
         if (!*exited) {
-            *exited = target_ended(p, ready > 0 && (fds[1].revents & POLLIN), status);
+            *exited = target_ended(p, ready > 0 && (fds[1].revents & POLLIN), now >= next_scan,
+                                   status);
             if (*exited)
                 fds[1].fd = -1; /* reaped: it would stay readable */
         }

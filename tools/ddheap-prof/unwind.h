@@ -47,6 +47,9 @@ struct dd_prof_stack_copy {
 struct dd_prof_unwind_stats {
     uint64_t stacks, truncated, frames;
     uint64_t ns; /* time spent unwinding */
+    /* DDHEAP_PROF_CHECK_UNWIND=1 (unwind.c): samples the quick walk
+     * unwound and libdwfl's too, and those where the two differed */
+    uint64_t checked, mismatched;
 };
 
 /* What a session calls when a frame's address is in no object of the
