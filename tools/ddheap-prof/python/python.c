@@ -407,19 +407,54 @@ static uint8_t *read_bytes(pid_t pid, uint64_t addr, size_t *len)
     return b;
 }
 
-/* Reads the code object the record names, if it is still that one. */
+/* A name read from the process, or NULL: an empty one is no name. */
+static char *nonempty(char *s)
+{
+    if (s != NULL && s[0] == '\0') {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void forget_names(struct code_entry *e)
+{
+    free(e->qualname);
+    free(e->filename);
+    free(e->linetable);
+    e->qualname = e->filename = NULL;
+    e->linetable = NULL;
+    e->linetable_len = 0;
+}
+
+/* Whether the code object read in c is the one of the record: its type,
+ * first line and fingerprint. */
+static bool is_recorded_code(const struct py_state *st, const uint8_t *c,
+                             const struct code_entry *e)
+{
+    const struct dd_prof_py_layout *w = &st->walk;
+    return u64_at(c, 8) == w->code_type && u32_at(c, w->code_firstlineno) == e->firstline &&
+           dd_prof_py_check(u64_at(c, w->code_name), u64_at(c, w->code_linetable),
+                            u32_at(c, w->code_argcount)) == e->check;
+}
+
+/* Reads the code object the record names, if it is still that one: read
+ * again after its strings, it must still be that one and point at the
+ * same file name (freed and reused in between, the strings read may be
+ * another's). */
 static void read_code(struct py_state *st, pid_t pid, struct code_entry *e)
 {
-    uint8_t c[DD_PROF_PY_CODE_READ];
-    const struct dd_prof_py_layout *w = &st->walk;
-    if (!read_mem(pid, e->code, c, sizeof c) || u64_at(c, 8) != w->code_type ||
-        u32_at(c, w->code_firstlineno) != e->firstline ||
-        dd_prof_py_check(u64_at(c, w->code_name), u64_at(c, w->code_linetable),
-                         u32_at(c, w->code_argcount)) != e->check)
+    uint8_t c[DD_PROF_PY_CODE_READ], again[DD_PROF_PY_CODE_READ];
+    const struct names_layout *n = &st->names;
+    if (!read_mem(pid, e->code, c, sizeof c) || !is_recorded_code(st, c, e))
         return;
-    e->qualname = read_str(pid, &st->names, u64_at(c, st->names.code_qualname));
-    e->filename = read_str(pid, &st->names, u64_at(c, st->names.code_filename));
-    e->linetable = read_bytes(pid, u64_at(c, w->code_linetable), &e->linetable_len);
+    e->qualname = nonempty(read_str(pid, n, u64_at(c, n->code_qualname)));
+    e->filename = nonempty(read_str(pid, n, u64_at(c, n->code_filename)));
+    e->linetable = read_bytes(pid, u64_at(c, st->walk.code_linetable), &e->linetable_len);
+    if (e->qualname == NULL || !read_mem(pid, e->code, again, sizeof again) ||
+        !is_recorded_code(st, again, e) ||
+        u64_at(again, n->code_filename) != u64_at(c, n->code_filename))
+        forget_names(e);
 }
 
 static size_t slot_of(uint64_t code, uint32_t check, size_t cap)
