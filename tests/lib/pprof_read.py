@@ -32,12 +32,15 @@ def pprof(profile, *args):
     return r.stdout
 
 
-def read_raw(profile):
+def read_raw(profile, checker=None):
     """`pprof -raw`: sample types, samples (values, location ids) and
     their labels ({name: value} each), the function (and file:line) of
-    each location, mappings and comments."""
+    each location, mappings and comments. A function pprof shows with an
+    empty name is read as "" and its location listed in "unnamed"; with a
+    checker (harness), that no location is unnamed is one of its checks."""
     text = pprof(profile, "-raw")
-    out = {"types": [], "samples": [], "labels": [], "locs": {}, "mappings": [], "comments": []}
+    out = {"types": [], "samples": [], "labels": [], "locs": {}, "mappings": [], "comments": [],
+           "unnamed": []}
     section = None
     for line in text.splitlines():
         if line.startswith("Comment: "):
@@ -61,15 +64,24 @@ def read_raw(profile):
             out["samples"].append(([int(v) for v in values.split()], [int(i) for i in ids.split()]))
             out["labels"].append({})
         elif section == "locs":
-            m = re.match(r"^\s*(\d+): (0x[0-9a-f]+)(?: M=(\d+))? (.+) (\S+) s=\d+(?:\(.*\))?$", line)
+            # "ID: ADDR [M=MAPPING] NAME FILE:LINE s=START[(SYSTEM_NAME)]", then
+            # one "NAME FILE:LINE ..." line per function inlined there; an
+            # empty NAME leaves two spaces.
+            m = re.match(r"^\s*(\d+): (0x[0-9a-f]+)(?: M=(\d+))? (.*) (\S+) s=\d+(?:\(.*\))?$",
+                         line)
             if m:
+                name = m.group(4)
                 last = out["locs"][int(m.group(1))] = {
                     "addr": int(m.group(2), 16), "mapping": int(m.group(3) or 0),
-                    "function": m.group(4), "file": m.group(5), "functions": [m.group(4)]}
-            else:  # a function the previous location's code was inlined into
-                m = re.match(r"^\s+(.+) (\S+) s=\d+(?:\(.*\))?$", line)
-                if m:
-                    last["functions"].append(m.group(1))
+                    "function": name, "file": m.group(5), "functions": [name]}
+            else:
+                m = re.match(r"^\s+(.*) (\S+) s=\d+(?:\(.*\))?$", line)
+                if not m:
+                    continue
+                name = m.group(1)
+                last["functions"].append(name)
+            if name == "":
+                out["unnamed"].append(line.strip())
         elif section == "maps":
             m = re.match(r"^(\d+): (0x[0-9a-f]+)/(0x[0-9a-f]+)/(0x[0-9a-f]+) (\S+) ?(\S*)", line)
             if m:
@@ -77,6 +89,11 @@ def read_raw(profile):
                                         "build_id": m.group(6)})
     if not out["types"]:
         raise Failure("pprof -raw printed no sample types:\n" + text[:2000])
+    if checker is not None:
+        checker.check(not out["unnamed"],
+                      f"{os.path.basename(profile)}: every location's function has a name in "
+                      f"pprof -raw: {len(out['unnamed'])} without"
+                      + "".join(f"\n    {l}" for l in out["unnamed"][:10]))
     return out
 
 

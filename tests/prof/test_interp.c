@@ -3,7 +3,9 @@
  * interpreter frames into a native stack (tools/ddheap-prof/interp.c),
  * through a fake interpreter that implements interp.h, and CPython's line
  * tables (python/python.c) on tables written out by hand in the 3.10 and
- * 3.11+ formats.
+ * 3.11+ formats, and the search for an eval loop's cold part from its
+ * jumps, on cold_fixture (its path the first argument), whose symbol table
+ * says where its function's cold part is.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +16,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "interp.h"
 #include "python/python.h"
@@ -218,8 +222,41 @@ static void test_line_table_311(void **state)
     }
 }
 
-int main(void)
+/* The cold part found from the jumps is the one the symbol table names,
+ * the same range to the byte. */
+static const char *cold_fixture;
+
+static void test_cold_part_from_jumps(void **state)
 {
+    (void)state;
+    int fd = open(cold_fixture, O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    const char *names[] = {"dd_cold_fixture_sum", "dd_cold_fixture_sum.cold"};
+    struct dd_prof_elf_symbol sym[2], found = {0, 0};
+    assert_true(dd_prof_elf_symbols(fd, names, 2, sym));
+    assert_true(sym[0].value != 0 && sym[0].size != 0);
+    /* (No cold part: the compiler did not split it, and the test proves
+     * nothing: that is a failure too.) */
+    assert_true(sym[1].value != 0 && sym[1].size != 0);
+#if defined(__x86_64__)
+    dd_prof_python_cold_part(fd, sym[0].value, sym[0].size, &found);
+    assert_int_equal(found.value, sym[1].value);
+    assert_int_equal(found.size, sym[1].size);
+    /* Its cold part's own code is no function with a cold part. */
+    found = (struct dd_prof_elf_symbol){0, 0};
+    dd_prof_python_cold_part(fd, sym[1].value, sym[1].size, &found);
+    assert_int_equal(found.value, 0);
+#endif
+    close(fd);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s COLD_FIXTURE\n", argv[0]);
+        return 2;
+    }
+    cold_fixture = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_groups_at_eval_frames),
         cmocka_unit_test(test_return_address_is_the_call),
@@ -229,6 +266,7 @@ int main(void)
         cmocka_unit_test(test_one_address_per_name),
         cmocka_unit_test(test_line_table_310),
         cmocka_unit_test(test_line_table_311),
+        cmocka_unit_test(test_cold_part_from_jumps),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     dd_prof_interp_names_free();

@@ -404,7 +404,7 @@ def test_python(c, prof, preload, run, artifacts):
                          {"DDHEAP_PRELOAD_LIB": preload})
     show(pb, "python3")
     quick_walk_agrees(c, err, "python3")
-    sts = stacks(read_raw(pb))
+    sts = stacks(read_raw(pb, c))
     check_real_program(c, sts, "python3", ["Py_RunMain", "_PyEval_EvalFrameDefault"])
     report_depth(sts, "python3")
     heaptrack_report(c, [python, script], artifacts, "python")

@@ -9,27 +9,33 @@
 #include <string.h>
 
 /* The function with this symbol and file, added if new (its name
- * demangled once); -1 if out of memory. */
-static long function_of(struct dd_prof_report *r, const char *system_name, const char *file)
+ * demangled once); -1 if out of memory. An interpreter's function has
+ * its final name and no system_name: consumers that demangle a name equal
+ * to its system_name by heuristics (go tool pprof strips "<...>" from
+ * names that look like C++) leave a name with no system_name as it is,
+ * so "<module>" and "<lambda>" stay shown. */
+static long function_of(struct dd_prof_report *r, const char *system_name, const char *file,
+                        bool interp)
 {
     long sn = dd_prof_strings_intern(&r->strings, system_name);
     long f = dd_prof_strings_intern(&r->strings, file ? file : "");
     if (sn < 0 || f < 0)
         return -1;
     int added;
-    long fn = dd_prof_keys_intern(&r->func_keys, (uint64_t)sn << 32 | (uint64_t)f, &added);
+    long fn = dd_prof_keys_intern(&r->func_keys,
+                                  (uint64_t)sn << 33 | (uint64_t)f << 1 | (uint64_t)interp, &added);
     if (fn < 0 || !added)
         return fn;
     struct dd_prof_function *grown = realloc(r->funcs, r->func_keys.cap * sizeof *grown);
     if (grown == NULL)
         return -1;
     r->funcs = grown;
-    char *demangled = dd_prof_demangle(system_name);
+    char *demangled = interp ? NULL : dd_prof_demangle(system_name);
     long n = demangled ? dd_prof_strings_intern(&r->strings, demangled) : sn;
     free(demangled);
     if (n < 0)
         return -1;
-    r->funcs[fn] = (struct dd_prof_function){(uint32_t)n, (uint32_t)sn, (uint32_t)f};
+    r->funcs[fn] = (struct dd_prof_function){(uint32_t)n, interp ? 0 : (uint32_t)sn, (uint32_t)f};
     return fn;
 }
 
@@ -96,7 +102,7 @@ static long location_of(struct dd_prof_report *r, struct process_view *v, uint64
     l->n = f.n - skip;
     for (unsigned k = 0; k < l->n; k++) {
         const struct dd_prof_function_at *at = &f.fn[skip + k];
-        long fn = function_of(r, at->function, at->file);
+        long fn = function_of(r, at->function, at->file, interp);
         if (fn < 0)
             return -1;
         l->function[k] = (uint32_t)fn;

@@ -28,7 +28,8 @@ struct dd_prof_location {
 
 struct dd_prof_function {
     /* String indices: name demangled (what every output shows),
-     * system_name as the object has it (mangled); file 0 ("") if unknown. */
+     * system_name as the object has it (mangled), 0 ("") for an
+     * interpreter's function (its name is final); file 0 ("") if unknown. */
     uint32_t name, system_name, file;
 };
 
@@ -42,7 +43,7 @@ struct dd_prof_report {
     struct dd_prof_strings strings; /* index 0 is "" */
     struct dd_prof_keys addrs;      /* location i has key addrs.v[i] (process, address) */
     struct dd_prof_location *locs;
-    struct dd_prof_keys func_keys; /* system_name << 32 | file */
+    struct dd_prof_keys func_keys; /* system_name << 33 | file << 1 | interp */
     struct dd_prof_function *funcs;
     struct dd_prof_resolved *stacks;
     size_t nstacks;

@@ -26,6 +26,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <elfutils/libdw.h>
+#include <libelf.h>
+
 #define NONE DD_PROF_PY_NONE
 
 /* What naming reads besides what the BPF walk does. */
@@ -184,6 +187,79 @@ static uint32_t version_in_name(const char *name)
     return 0x03000000u | (uint32_t)minor << 16;
 }
 
+/* (python.h) GCC moves the unlikely paths of a function to a part of its own
+ * ("name.cold", in .text.unlikely), which has an FDE of its own and is
+ * reached only by jumps from the hot part; the eval loop has hundreds of
+ * them. The jumps are read without decoding instructions: every
+ * "jmp rel32" (e9) and "jcc rel32" (0f 8x) byte pattern; patterns that
+ * are not instructions point anywhere and do not gather in one FDE.
+ * x86-64 only. */
+void dd_prof_python_cold_part(int fd, uint64_t lo, uint64_t size, struct dd_prof_elf_symbol *out)
+{
+#if defined(__x86_64__)
+    enum { MAX_RANGES = 64, MIN_JUMPS = 16 };
+    uint8_t *code = size && size < (4u << 20) ? malloc(size) : NULL;
+    Elf *elf = NULL;
+    Dwarf_CFI *cfi = NULL;
+    if (code == NULL || !dd_prof_elf_read(fd, lo, code, size) ||
+        elf_version(EV_CURRENT) == EV_NONE ||
+        (elf = elf_begin(fd, ELF_C_READ_MMAP, NULL)) == NULL ||
+        (cfi = dwarf_getcfi_elf(elf)) == NULL)
+        goto done;
+    struct fde_jumps {
+        uint64_t lo, hi;
+        unsigned jumps;
+    } r[MAX_RANGES];
+    size_t nr = 0;
+    unsigned outside = 0;
+    for (uint64_t i = 0; i + 6 <= size; i++) {
+        int32_t rel;
+        uint64_t target;
+        if (code[i] == 0x0f && (code[i + 1] & 0xf0) == 0x80) {
+            memcpy(&rel, code + i + 2, sizeof rel);
+            target = lo + i + 6 + (uint64_t)(int64_t)rel;
+        } else if (code[i] == 0xe9) {
+            memcpy(&rel, code + i + 1, sizeof rel);
+            target = lo + i + 5 + (uint64_t)(int64_t)rel;
+        } else {
+            continue;
+        }
+        if (target >= lo && target < lo + size)
+            continue;
+        outside++;
+        size_t k = 0;
+        while (k < nr && !(target >= r[k].lo && target < r[k].hi))
+            k++;
+        if (k == nr) {
+            Dwarf_Frame *frame;
+            Dwarf_Addr start, end;
+            if (nr == MAX_RANGES || dwarf_cfi_addrframe(cfi, target, &frame) != 0)
+                continue;
+            int ok = dwarf_frame_info(frame, &start, &end, NULL) >= 0;
+            free(frame);
+            if (!ok || end <= start)
+                continue;
+            r[nr++] = (struct fde_jumps){start, end, 0};
+        }
+        r[k].jumps++;
+    }
+    size_t best = nr;
+    for (size_t k = 0; k < nr; k++)
+        if (best == nr || r[k].jumps > r[best].jumps)
+            best = k;
+    if (best < nr && r[best].jumps >= MIN_JUMPS && 4 * r[best].jumps >= outside)
+        *out = (struct dd_prof_elf_symbol){.value = r[best].lo, .size = r[best].hi - r[best].lo};
+done:
+    if (cfi)
+        dwarf_cfi_end(cfi);
+    if (elf)
+        elf_end(elf);
+    free(code);
+#else
+    (void)fd, (void)lo, (void)size, (void)out;
+#endif
+}
+
 enum { SYM_RUNTIME, SYM_EVAL, SYM_EVAL_COLD, SYM_CODE_TYPE, SYM_VERSION, NSYMS };
 
 static void *python_recognize(const struct dd_prof_object *o, pid_t pid,
@@ -234,8 +310,8 @@ static void *python_recognize(const struct dd_prof_object *o, pid_t pid,
     st->eval_lo = o->bias + sym[SYM_EVAL].value;
     st->eval_hi = st->eval_lo + sym[SYM_EVAL].size;
     /* The eval loop's cold part is a local symbol: in the file's own
-     * symbol table if it kept one, else in its debug file if there is one
-     * (Debian's python3.11-dbg has it). */
+     * symbol table if it kept one, else in its debug file if there is
+     * one, else found from the jumps of the hot part. */
     if (sym[SYM_EVAL_COLD].value == 0 && o->build_id && o->build_id[0] && o->build_id[1]) {
         char path[300];
         snprintf(path, sizeof path, "/usr/lib/debug/.build-id/%.2s/%s.debug", o->build_id,
@@ -248,6 +324,9 @@ static void *python_recognize(const struct dd_prof_object *o, pid_t pid,
         if (debug_fd >= 0)
             close(debug_fd);
     }
+    if (sym[SYM_EVAL_COLD].value == 0)
+        dd_prof_python_cold_part(fd, sym[SYM_EVAL].value, sym[SYM_EVAL].size,
+                                 &sym[SYM_EVAL_COLD]);
     if (sym[SYM_EVAL_COLD].value) {
         st->cold_lo = o->bias + sym[SYM_EVAL_COLD].value;
         st->cold_hi = st->cold_lo + sym[SYM_EVAL_COLD].size;
@@ -407,19 +486,54 @@ static uint8_t *read_bytes(pid_t pid, uint64_t addr, size_t *len)
     return b;
 }
 
-/* Reads the code object the record names, if it is still that one. */
+/* A name read from the process, or NULL: an empty one is no name. */
+static char *nonempty(char *s)
+{
+    if (s != NULL && s[0] == '\0') {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void forget_names(struct code_entry *e)
+{
+    free(e->qualname);
+    free(e->filename);
+    free(e->linetable);
+    e->qualname = e->filename = NULL;
+    e->linetable = NULL;
+    e->linetable_len = 0;
+}
+
+/* Whether the code object read in c is the one of the record: its type,
+ * first line and fingerprint. */
+static bool is_recorded_code(const struct py_state *st, const uint8_t *c,
+                             const struct code_entry *e)
+{
+    const struct dd_prof_py_layout *w = &st->walk;
+    return u64_at(c, 8) == w->code_type && u32_at(c, w->code_firstlineno) == e->firstline &&
+           dd_prof_py_check(u64_at(c, w->code_name), u64_at(c, w->code_linetable),
+                            u32_at(c, w->code_argcount)) == e->check;
+}
+
+/* Reads the code object the record names, if it is still that one: read
+ * again after its strings, it must still be that one and point at the
+ * same file name (freed and reused in between, the strings read may be
+ * another's). */
 static void read_code(struct py_state *st, pid_t pid, struct code_entry *e)
 {
-    uint8_t c[DD_PROF_PY_CODE_READ];
-    const struct dd_prof_py_layout *w = &st->walk;
-    if (!read_mem(pid, e->code, c, sizeof c) || u64_at(c, 8) != w->code_type ||
-        u32_at(c, w->code_firstlineno) != e->firstline ||
-        dd_prof_py_check(u64_at(c, w->code_name), u64_at(c, w->code_linetable),
-                         u32_at(c, w->code_argcount)) != e->check)
+    uint8_t c[DD_PROF_PY_CODE_READ], again[DD_PROF_PY_CODE_READ];
+    const struct names_layout *n = &st->names;
+    if (!read_mem(pid, e->code, c, sizeof c) || !is_recorded_code(st, c, e))
         return;
-    e->qualname = read_str(pid, &st->names, u64_at(c, st->names.code_qualname));
-    e->filename = read_str(pid, &st->names, u64_at(c, st->names.code_filename));
-    e->linetable = read_bytes(pid, u64_at(c, w->code_linetable), &e->linetable_len);
+    e->qualname = nonempty(read_str(pid, n, u64_at(c, n->code_qualname)));
+    e->filename = nonempty(read_str(pid, n, u64_at(c, n->code_filename)));
+    e->linetable = read_bytes(pid, u64_at(c, st->walk.code_linetable), &e->linetable_len);
+    if (e->qualname == NULL || !read_mem(pid, e->code, again, sizeof again) ||
+        !is_recorded_code(st, again, e) ||
+        u64_at(again, n->code_filename) != u64_at(c, n->code_filename))
+        forget_names(e);
 }
 
 static size_t slot_of(uint64_t code, uint32_t check, size_t cap)

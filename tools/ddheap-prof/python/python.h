@@ -17,4 +17,12 @@ extern const struct dd_prof_interp dd_prof_python;
 int dd_prof_python_line(uint32_t version, const uint8_t *table, size_t len, int firstline,
                         uint32_t offset);
 
+/* The cold part of the function at link-time address lo (size bytes) of
+ * the ELF file fd, found without its symbol: the code outside the
+ * function that most of the function's jumps go to, as the range of its
+ * .eh_frame entry; out->value 0 if no one entry has most of them (at
+ * least 16, and at least a quarter of all the jumps that leave the
+ * function). (For the tests too.) */
+void dd_prof_python_cold_part(int fd, uint64_t lo, uint64_t size, struct dd_prof_elf_symbol *out);
+
 #endif
