@@ -43,6 +43,14 @@
  * wrappers sampled are freed past them after stop. An archive built with
  * another scheme refuses, with ENOTSUP and a line on stderr.
  *
+ * Protection. Each saved entry keeps, with the slot's address and the
+ * value it held, the protection its page had (read-only under RELRO,
+ * writable otherwise): stop writes the value back and gives the page that
+ * protection again, so the object is as it was, byte for byte.
+ *
+ * Two users: dd_heap_interpose_libc() (a program's own call) and the
+ * injected agent (src/agent/), both through ddheap_interpose_begin/end.
+ *
  * Unloading. Every write happens inside a dl_iterate_phdr callback, to an
  * object that callback reports: the dynamic linker holds its list lock,
  * so the object cannot be unmapped during the write. Each saved entry
@@ -277,6 +285,8 @@ struct saved_slot {
     uintptr_t original; /* what it held before the rewrite */
     uintptr_t base;     /* dlpi_addr of its object */
     uint64_t name_hash; /* of dlpi_name: the object's identity with base */
+    int prot;           /* its page's protection, given back after each write;
+                           -1: a writable page, never changed */
 };
 
 #define MAX_SAVED 32768u
@@ -503,23 +513,30 @@ static bool skipped(const struct dl_phdr_info *info)
     return info->dlpi_name != NULL && strncmp(info->dlpi_name, "linux-vdso", 10) == 0;
 }
 
-/* Stores `value` into a GOT slot, making a RELRO page writable for the
- * write. The store is one aligned word: a thread calling through the slot
- * sees the old or the new function, never a torn address. */
-static int write_slot(const struct object *o, uintptr_t slot, uintptr_t value)
+/* The protection of the page that holds a GOT slot, as the dynamic
+ * linker left it: read-only under RELRO, which it applies to whole pages
+ * from the start of PT_GNU_RELRO rounded down to its end rounded down (a
+ * slot in a last partial page stays writable); -1 for a writable page. */
+static int slot_protection(const struct object *o, uintptr_t slot)
 {
-    /* The dynamic linker protects whole pages from the start of RELRO
-     * rounded down to its end rounded down: a slot in a last partial page
-     * stays writable, and must not be made read-only here. */
     uintptr_t page_size = (uintptr_t)ddheap_family_page_size();
     uintptr_t relro_start = o->relro_start & ~(page_size - 1);
     uintptr_t relro_end = o->relro_end & ~(page_size - 1);
-    bool relro = slot >= relro_start && slot < relro_end;
+    return slot >= relro_start && slot < relro_end ? PROT_READ : -1;
+}
+
+/* Stores `value` into a GOT slot whose page has protection `prot` (-1:
+ * writable), making it writable for the write and giving `prot` back. The
+ * store is one aligned word: a thread calling through the slot sees the
+ * old or the new function, never a torn address. */
+static int write_slot(uintptr_t slot, uintptr_t value, int prot)
+{
+    uintptr_t page_size = (uintptr_t)ddheap_family_page_size();
     void *page = (void *)(slot & ~(page_size - 1));
-    if (relro && mprotect(page, page_size, PROT_READ | PROT_WRITE) != 0)
+    if (prot != -1 && mprotect(page, page_size, PROT_READ | PROT_WRITE) != 0)
         return errno;
     __atomic_store_n((uintptr_t *)slot, value, __ATOMIC_RELEASE);
-    if (relro && mprotect(page, page_size, PROT_READ) != 0)
+    if (prot != -1 && mprotect(page, page_size, prot) != 0)
         return errno;
     return 0;
 }
@@ -572,13 +589,14 @@ static void rewrite_slot(const struct object *o, uintptr_t slot, const struct re
             failure = ENOMEM;
         return;
     }
-    int err = write_slot(o, slot, (uintptr_t)r->wrapper);
+    int prot = slot_protection(o, slot);
+    int err = write_slot(slot, (uintptr_t)r->wrapper, prot);
     if (err != 0) {
         if (failure == 0)
             failure = err;
         return;
     }
-    saved[n_saved++] = (struct saved_slot){slot, current, o->base, hash_name(o->name)};
+    saved[n_saved++] = (struct saved_slot){slot, current, o->base, hash_name(o->name), prot};
 }
 
 static int rewrite_object(struct dl_phdr_info *info, size_t size, void *ctx)
@@ -637,7 +655,7 @@ static int restore_object(struct dl_phdr_info *info, size_t size, void *ctx)
         if (s->slot == 0 || s->base != o.base || s->name_hash != name_hash || !contains(info, s->slot))
             continue;
         if (is_wrapper(__atomic_load_n((uintptr_t *)s->slot, __ATOMIC_ACQUIRE))) {
-            int err = write_slot(&o, s->slot, s->original);
+            int err = write_slot(s->slot, s->original, s->prot);
             if (err != 0 && failure == 0)
                 failure = err;
         }
@@ -653,7 +671,7 @@ static void reset_lock_in_child(void)
     pthread_mutex_init(&lock, NULL);
 }
 
-int dd_heap_interpose_libc(void)
+int ddheap_interpose_begin(void)
 {
     static int atfork_registered;
     if (__atomic_exchange_n(&atfork_registered, 1, __ATOMIC_ACQ_REL) == 0)
@@ -669,7 +687,7 @@ int dd_heap_interpose_libc(void)
     return scan_and_rewrite(true);
 }
 
-int dd_heap_interpose_libc_stop(void)
+int ddheap_interpose_end(void)
 {
     pthread_mutex_lock(&lock);
     int result = 0;
@@ -682,6 +700,16 @@ int dd_heap_interpose_libc_stop(void)
     }
     pthread_mutex_unlock(&lock);
     return result;
+}
+
+int dd_heap_interpose_libc(void)
+{
+    return ddheap_interpose_begin();
+}
+
+int dd_heap_interpose_libc_stop(void)
+{
+    return ddheap_interpose_end();
 }
 
 #else /* not the shadow scheme */
@@ -698,6 +726,16 @@ int dd_heap_interpose_libc(void)
 int dd_heap_interpose_libc_stop(void)
 {
     return 0; /* nothing was ever rewritten */
+}
+
+int ddheap_interpose_begin(void)
+{
+    return ENOTSUP;
+}
+
+int ddheap_interpose_end(void)
+{
+    return 0;
 }
 
 #endif
