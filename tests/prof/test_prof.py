@@ -485,8 +485,8 @@ def test_errors(c, prof, workload, artifacts, extra):
     # A process without probes, running and started.
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        expect(["-p", str(sleeper.pid), "-o", out], 1, "has no ddheap:alloc probe",
-               "-p of a process without probes")
+        expect(["-p", str(sleeper.pid), "--no-inject", "-o", out], 1,
+               "has no ddheap:alloc probe", "-p --no-inject of a process without probes")
         c.equal(sleeper.poll(), None, "the process without probes still runs")
     finally:
         sleeper.kill()

@@ -7,6 +7,7 @@
  *   attach.c   finding the objects with probes and attaching to them
  *   needed.c   what the loader maps for an executable (PT_INTERP, --list)
  *   preload.c  a command without probes run under libddheap_preload.so
+ *   agent.c    -p PID without probes: ddheap's agent injected (inject.c)
  *   loop.c     the BPF side and the event loop that feeds the table
  *   output.c   writing the files: the profile, folded stacks, flame graph
  *   timeline.c the heap over time: the peak, snapshots (--every, SIGUSR1)
@@ -166,6 +167,7 @@ struct prof {
     struct snapshots snaps;
     struct dd_prof_http *http;   /* --http's server, NULL without */
     struct dd_prof_host *host;   /* --all's discovery, NULL without */
+    int agent_fd; /* closing it detaches the injected agent; -1: none */
 };
 
 /* The outputs of the end, created before anything is attached (each a
@@ -234,6 +236,14 @@ const char *dd_prof_library(enum dd_prof_library which);
 const char *dd_prof_preload_for(const struct options *o);
 /* In the child before its exec: lib goes into LD_PRELOAD. */
 void dd_prof_add_preload(const char *lib);
+
+/* agent.c */
+/* After the first rescan of -p PID: if no object but an agent carries
+ * probes, injects the agent (refused with --no-inject) and attaches to it.
+ * Returns 0 (nothing to do, or injected), -1 (message printed). */
+int dd_prof_inject_agent(struct prof *p, struct dd_prof_proc *proc);
+/* The agent detaches (at once: the end of the run). */
+void dd_prof_release_agent(struct prof *p);
 
 /* attach.c */
 /* Rescans the maps of the process and attaches to every object with

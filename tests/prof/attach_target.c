@@ -1,0 +1,167 @@
+/*
+ * A program started without ddheap, for test_attach.py: ddheap-prof -p
+ * injects the agent into it while its threads are busy. Built at plain -O2
+ * (no frame pointers), PIE and not, with full RELRO, lazy binding or
+ * -fno-plt (tests/prof/meson.build).
+ *
+ * Threads: one in a tight malloc/free loop (the moment of attach finds it
+ * inside malloc now and then), one blocked in read() on a pipe, one in a
+ * futex wait (a condition variable), one in nanosleep. The main thread
+ * reads commands on stdin, one a line, and answers each on stdout:
+ *   keep N SIZE  allocates N blocks of SIZE bytes at site_kept, fills each
+ *                with a pattern, keeps them: "kept"
+ *   check        every kept block still holds its pattern, and the busy
+ *                threads still run: "ok" or "bad ..."
+ *   free         frees the kept blocks: "freed"
+ *   quit         stops the threads, exits 0
+ * At start it prints "ready".
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static atomic_bool stopping;
+static atomic_ulong churn_rounds, sleep_rounds;
+static int reader_pipe[2];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+
+static void *churn(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stopping)) {
+        void *blocks[16];
+        for (int i = 0; i < 16; i++) {
+            blocks[i] = malloc((size_t)(16 + 64 * i));
+            if (blocks[i] == NULL)
+                abort();
+            memset(blocks[i], i, 16);
+        }
+        void *c = calloc(4, 100);
+        void *r = realloc(blocks[0], 3000);
+        if (c == NULL || r == NULL)
+            abort();
+        blocks[0] = r;
+        for (int i = 0; i < 16; i++)
+            free(blocks[i]);
+        free(c);
+        atomic_fetch_add(&churn_rounds, 1);
+    }
+    return NULL;
+}
+
+static void *reader(void *arg)
+{
+    (void)arg;
+    char byte;
+    while (read(reader_pipe[0], &byte, 1) < 0)
+        ;
+    return NULL;
+}
+
+static void *waiter(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&lock);
+    while (!atomic_load(&stopping))
+        pthread_cond_wait(&cond, &lock);
+    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+static void *sleeper(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&stopping)) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        atomic_fetch_add(&sleep_rounds, 1);
+    }
+    return NULL;
+}
+
+static unsigned char **kept;
+static size_t n_kept, kept_size;
+
+__attribute__((noinline)) static void site_kept(size_t n, size_t size)
+{
+    kept = malloc(n * sizeof *kept);
+    if (kept == NULL)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        kept[i] = malloc(size);
+        if (kept[i] == NULL)
+            abort();
+        memset(kept[i], (int)(i * 7 + 1) & 0xff, size);
+    }
+    n_kept = n;
+    kept_size = size;
+}
+
+static const char *check(void)
+{
+    for (size_t i = 0; i < n_kept; i++)
+        for (size_t k = 0; k < kept_size; k++)
+            if (kept[i][k] != ((i * 7 + 1) & 0xff))
+                return "bad block contents";
+    unsigned long churned = atomic_load(&churn_rounds), slept = atomic_load(&sleep_rounds);
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+    if (atomic_load(&churn_rounds) == churned)
+        return "bad: the malloc loop stopped";
+    if (atomic_load(&sleep_rounds) == slept)
+        return "bad: the sleeping thread stopped";
+    return "ok";
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (pipe(reader_pipe) != 0)
+        return 2;
+    pthread_t threads[4];
+    void *(*bodies[4])(void *) = {churn, reader, waiter, sleeper};
+    for (int i = 0; i < 4; i++)
+        if (pthread_create(&threads[i], NULL, bodies[i], NULL) != 0)
+            return 2;
+    /* Every entry point used once before "ready": lazy slots are bound. */
+    void *warm = aligned_alloc(64, 128);
+    void *pm = NULL;
+    if (warm == NULL || posix_memalign(&pm, 64, 64) != 0)
+        return 2;
+    free(warm);
+    free(pm);
+    printf("ready\n");
+    char line[128];
+    while (fgets(line, sizeof line, stdin)) {
+        size_t n, size;
+        if (sscanf(line, "keep %zu %zu", &n, &size) == 2) {
+            site_kept(n, size);
+            printf("kept\n");
+        } else if (strncmp(line, "check", 5) == 0) {
+            printf("%s\n", check());
+        } else if (strncmp(line, "free", 4) == 0) {
+            for (size_t i = 0; i < n_kept; i++)
+                free(kept[i]);
+            free(kept);
+            n_kept = 0;
+            printf("freed\n");
+        } else if (strncmp(line, "quit", 4) == 0) {
+            break;
+        }
+    }
+    atomic_store(&stopping, true);
+    pthread_mutex_lock(&lock);
+    pthread_cond_broadcast(&cond);
+    pthread_mutex_unlock(&lock);
+    if (write(reader_pipe[1], "x", 1) != 1)
+        return 2;
+    for (int i = 0; i < 4; i++)
+        pthread_join(threads[i], NULL);
+    return 0;
+}
