@@ -16,6 +16,8 @@
  *   quit         stops the threads, exits 0
  * At start it prints "ready".
  */
+#define _GNU_SOURCE
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
