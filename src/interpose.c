@@ -146,6 +146,7 @@ struct replacement {
     const char *name;
     void *wrapper;
     void *bound; /* what the global scope binds `name` to, or NULL */
+    void *real;  /* the definition behind it: `bound`, or past a PLT stub */
 };
 
 /* Function pointers as data pointers: POSIX guarantees the conversion
@@ -159,13 +160,13 @@ union fn_as_data {
 
 /* The malloc family (src/malloc_family.def), then dlopen and dlmopen. */
 static struct replacement replacements[] = {
-#define DDHEAP_FAMILY(name, class, via) {#name, NULL, NULL},
+#define DDHEAP_FAMILY(name, class, via) {#name, NULL, NULL, NULL},
 #define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
 #include "malloc_family.def"
 #undef DDHEAP_FAMILY
 #undef DDHEAP_FAMILY_C23
-    {"dlopen", NULL, NULL},
-    {"dlmopen", NULL, NULL},
+    {"dlopen", NULL, NULL, NULL},
+    {"dlmopen", NULL, NULL, NULL},
 };
 #define N_REPLACEMENTS (sizeof replacements / sizeof replacements[0])
 _Static_assert(N_REPLACEMENTS <= 32, "lazy_ok in struct scanned is a 32-bit mask");
@@ -197,6 +198,42 @@ static bool defined_next_to_ddheap(void *fn)
     return same;
 }
 
+/* A non-PIE executable that takes the address of a function it imports
+ * (python3 takes malloc's) gets a canonical PLT entry: the global scope
+ * binds the name to that stub in the executable, which jumps through the
+ * executable's own GOT slot to the definition. A wrapper must call the
+ * definition: through the stub it would come back to that slot, rewritten
+ * to the wrapper itself. On x86-64 the stub is `[endbr64] [bnd] jmp
+ * *slot(%rip)`; the slot is read here, before any rewrite. Returns `fn`
+ * when it is no such stub, NULL when its slot is not bound yet (lazy: it
+ * points back into the executable's PLT). Elsewhere, `fn`. */
+static void *past_plt_stub(void *fn)
+{
+#if defined(__x86_64__)
+    const unsigned char *code = fn;
+    if (code == NULL)
+        return fn;
+    size_t at = 0;
+    if (code[0] == 0xf3 && code[1] == 0x0f && code[2] == 0x1e && code[3] == 0xfa)
+        at = 4; /* endbr64 */
+    if (code[at] == 0xf2)
+        at++; /* bnd */
+    if (code[at] != 0xff || code[at + 1] != 0x25)
+        return fn;
+    int32_t displacement;
+    memcpy(&displacement, code + at + 2, sizeof displacement);
+    uintptr_t slot = (uintptr_t)(code + at + 6) + (uintptr_t)(intptr_t)displacement;
+    void *real = (void *)__atomic_load_n((uintptr_t *)slot, __ATOMIC_ACQUIRE);
+    Dl_info stub_info, real_info;
+    if (dladdr(fn, &stub_info) == 0 || dladdr(real, &real_info) == 0 ||
+        stub_info.dli_fbase == real_info.dli_fbase)
+        return NULL;
+    return real;
+#else
+    return fn;
+#endif
+}
+
 /* Finds, once, what the global scope binds every name to, and so where
  * each wrapper forwards. Called without ddheap's lock: dlopen, dlsym and
  * dladdr take the loader's lock, which a thread inside dlopen holds while
@@ -204,7 +241,8 @@ static bool defined_next_to_ddheap(void *fn)
  * lock here would invert the order. Publishes under the lock; a second
  * caller racing this one computes the same values and keeps the first.
  * Returns 0, or EBUSY when malloc is already hooked by ddheap, or ENOSYS
- * when there is no dynamic linker to ask (a static program). */
+ * when there is no dynamic linker to ask (a static program), or EAGAIN
+ * when a name is bound to a PLT stub whose slot is still lazy. */
 static int find_bindings(void)
 {
     pthread_mutex_lock(&lock);
@@ -217,14 +255,18 @@ static int find_bindings(void)
     void *global = dlopen(NULL, RTLD_LAZY);
     if (global == NULL)
         return ENOSYS;
-    void *bound[N_REPLACEMENTS];
-    for (size_t i = 0; i < N_REPLACEMENTS; i++)
+    void *bound[N_REPLACEMENTS], *real[N_REPLACEMENTS];
+    bool unbound = false;
+    for (size_t i = 0; i < N_REPLACEMENTS; i++) {
         bound[i] = dlsym(global, replacements[i].name);
+        real[i] = past_plt_stub(bound[i]);
+        unbound = unbound || (bound[i] != NULL && real[i] == NULL);
+    }
     struct ddheap_family_targets found;
 #define DDHEAP_FAMILY(name, class, via)                                                \
     found.name = strcmp(#class, "reallocarray") == 0                                  \
                      ? AS_FN(ddheap_##class##_via, AS_DATA(wrap_##via))                \
-                     : AS_FN(ddheap_##class##_via, dlsym(global, #via));
+                     : AS_FN(ddheap_##class##_via, past_plt_stub(dlsym(global, #via)));
 #define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
 #include "malloc_family.def"
 #undef DDHEAP_FAMILY
@@ -238,7 +280,9 @@ static int find_bindings(void)
     for (size_t i = 0; i < sizeof sanitizers / sizeof sanitizers[0]; i++)
         sanitized = sanitized || dlsym(global, sanitizers[i]) != NULL;
     dlclose(global);
-    if (bound[0] == NULL || sanitized || defined_next_to_ddheap(bound[0]))
+    if (unbound)
+        return EAGAIN; /* a stub whose slot the program has not bound yet */
+    if (bound[0] == NULL || sanitized || defined_next_to_ddheap(real[0]))
         return EBUSY;
     void *wrappers[N_REPLACEMENTS] = {
 #define DDHEAP_FAMILY(name, class, via) AS_DATA(wrap_##name),
@@ -255,6 +299,7 @@ static int find_bindings(void)
         for (size_t i = 0; i < N_REPLACEMENTS; i++) {
             replacements[i].wrapper = wrappers[i];
             replacements[i].bound = bound[i];
+            replacements[i].real = real[i];
         }
         bindings_known = true;
     }
@@ -410,9 +455,11 @@ static bool scan_objects(struct scan *scan)
             continue; /* gone, replaced, or not openable (the vDSO): not ours */
         o->complete = true;
         for (size_t r = 0; r < N_REPLACEMENTS; r++)
-            if (replacements[r].bound != NULL &&
-                dlsym(handle, replacements[r].name) == replacements[r].bound)
-                o->lazy_ok |= UINT32_C(1) << r;
+            if (replacements[r].bound != NULL) {
+                void *fn = dlsym(handle, replacements[r].name);
+                if (fn == replacements[r].bound || fn == replacements[r].real)
+                    o->lazy_ok |= UINT32_C(1) << r;
+            }
         dlclose(handle);
     }
     return true;
@@ -580,7 +627,8 @@ static void rewrite_slot(const struct object *o, uintptr_t slot, const struct re
      * local scope, a copy of the function) keeps its binding: a wrapper
      * there would hand one allocator's blocks to another. */
     uint32_t bit = UINT32_C(1) << (r - replacements);
-    bool bound = r->bound != NULL && current == (uintptr_t)r->bound;
+    bool bound = r->bound != NULL &&
+                 (current == (uintptr_t)r->bound || current == (uintptr_t)r->real);
     bool lazy = contains(o->info, current) && (o->scanned->lazy_ok & bit) != 0;
     if (!bound && !lazy)
         return;
