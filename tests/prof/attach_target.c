@@ -13,12 +13,22 @@
  *   check        every kept block still holds its pattern, and the busy
  *                threads still run: "ok" or "bad ..."
  *   free         frees the kept blocks: "freed"
+ *   stall        fills stderr (a pipe the test does not read yet), says
+ *                "stalling", then calls malloc_stats(), which blocks
+ *                writing to it while it holds the main arena's lock: the
+ *                main thread is inside the allocator until the test reads
+ *                stderr; then "unstalled"
  *   quit         stops the threads, exits 0
- * At start it prints "ready".
+ * At start it prints "ready". With the argument "seccomp" it first
+ * installs a seccomp filter that allows everything (Seccomp: 2).
  */
 #define _GNU_SOURCE
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <malloc.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -121,9 +131,36 @@ static const char *check(void)
     return "ok";
 }
 
-int main(void)
+static int allow_everything_filter(void)
+{
+    struct sock_filter allow = BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+    struct sock_fprog program = {1, &allow};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program);
+}
+
+static void stall(void)
+{
+    static char filler[65536];
+    memset(filler, '.', sizeof filler);
+    size_t done = 0;
+    while (done < sizeof filler) {
+        ssize_t n = write(STDERR_FILENO, filler + done, sizeof filler - done);
+        if (n <= 0)
+            abort();
+        done += (size_t)n;
+    }
+    printf("stalling\n");
+    malloc_stats();
+    printf("unstalled\n");
+}
+
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1 && strcmp(argv[1], "seccomp") == 0 && allow_everything_filter() != 0)
+        return 2;
     if (pipe(reader_pipe) != 0)
         return 2;
     pthread_t threads[4];
@@ -153,6 +190,8 @@ int main(void)
             free(kept);
             n_kept = 0;
             printf("freed\n");
+        } else if (strncmp(line, "stall", 5) == 0) {
+            stall();
         } else if (strncmp(line, "quit", 4) == 0) {
             break;
         }

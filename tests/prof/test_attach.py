@@ -9,10 +9,12 @@ every block intact, every thread still running.
 
 Tests: c (EXTRA: the program built several ways, tests/prof/meson.build),
 cycles (EXTRA: the program; DDHEAP_ATTACH_CYCLES cycles, default 12),
-sigkill, python, redis. Needs root; exits 77 (skipped) only when not root.
+sigkill, in-malloc (EXTRA: the program), refusals (EXTRA: the program,
+dynamic and static), python, redis. Needs root; exits 77 (skipped) only when not root.
 Prints the attach latency and the longest stop of the target as NOTE lines.
 """
 
+import ctypes
 import math
 import os
 import re
@@ -149,9 +151,10 @@ class Target:
     Every command is run once first, so that the slots of lazy binding
     are bound before the test reads them."""
 
-    def __init__(self, argv, env=None):
+    def __init__(self, argv, env=None, stderr=None):
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=dict(os.environ, **(env or {})))
+                                     stderr=stderr, text=True,
+                                     env=dict(os.environ, **(env or {})))
         self.expect("ready")
         for command, answer in (("keep 1 64", "kept"), ("check", "ok"), ("free", "freed")):
             if self.ask(command) != answer:
@@ -326,6 +329,82 @@ def test_sigkill(c, prof, artifacts, extra):
         t.kill()
 
 
+def test_in_malloc(c, prof, artifacts, extra):
+    """The main thread inside the allocator at the moment of attach: in
+    malloc_stats(), blocked writing to a full stderr while it holds the
+    main arena's lock. Borrowing it would deadlock the process on its own
+    lock; the injector passes it over (more than one stop) and borrows
+    another thread; once stderr is read, everything runs on."""
+    (program,) = extra
+    names = [os.path.basename(program), "libc.so"]
+    t = Target([program], target_env(), stderr=subprocess.PIPE)
+    p = None
+    try:
+        t.proc.stdin.write("stall\n")
+        t.proc.stdin.flush()
+        t.expect("stalling")
+        before = got_slots(t.pid, names)  # write and malloc_stats bound by now
+        p = Prof(prof, t.pid, os.path.join(artifacts, "attach-in-malloc.pb.gz"))
+        deadline = time.monotonic() + TIMEOUT
+        while "injected" not in p.text() and "cannot" not in p.text():
+            if time.monotonic() > deadline or p.proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        t.proc.stderr.read(65536 + 100)  # lets malloc_stats finish
+        t.expect("unstalled")
+        p.wait_profiling()
+        m = re.search(r"(\d+) stops?\)", p.text())
+        c.check(m and int(m.group(1)) >= 2,
+                f"the thread inside the allocator was passed over: {p.text().strip()[:300]}")
+        c.equal(t.ask("keep 50 4096"), "kept", "allocates while attached")
+        c.equal(p.stop(), 0, "ddheap-prof ends well")
+        wait_restored(t.pid, names, before, "after a stall inside malloc", c)
+        c.equal(t.ask("check"), "ok", "blocks intact, threads running")
+        t.finish(c)
+    finally:
+        if p:
+            p.kill()
+        t.kill()
+
+
+def refused(c, prof, artifacts, pid, want, what, extra=()):
+    """ddheap-prof -p PID refuses with `want` in its message, and the
+    process is untouched: not traced, no agent mapped."""
+    r = subprocess.run([prof, "-p", str(pid), "-o", os.path.join(artifacts, "refused.pb.gz")] +
+                       list(extra), capture_output=True, text=True, timeout=TIMEOUT)
+    c.check(r.returncode == 1 and want in r.stderr,
+            f"{what}: refused ({r.returncode}) saying {want!r}: {r.stderr.strip()[:300]}")
+    with open(f"/proc/{pid}/maps") as f:
+        c.check("libddheap_agent" not in f.read(), f"{what}: no agent mapped")
+
+
+def test_refusals(c, prof, artifacts, extra):
+    """Refused, with the reason, without touching the process: --no-inject,
+    a static executable, a process traced already, a seccomp filter."""
+    dynamic, static = extra
+    for argv, extra_args, want, what in (
+            ([dynamic], ["--no-inject"], "--no-inject forbids", "--no-inject"),
+            ([static], [], "statically linked", "a static executable"),
+            ([dynamic, "seccomp"], [], "seccomp filter", "a seccomp filter")):
+        t = Target(argv, target_env())
+        try:
+            refused(c, prof, artifacts, t.pid, want, what, extra_args)
+            c.equal(t.ask("check"), "ok", f"{what}: the process runs on")
+            t.finish(c)
+        finally:
+            t.kill()
+    # A tracer already there: this script seizes the process itself.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    t = Target([dynamic], target_env())
+    try:
+        c.equal(libc.ptrace(0x4206, t.pid, None, None), 0, "this test traces the process")
+        refused(c, prof, artifacts, t.pid, "traced already", "a traced process")
+        c.equal(t.ask("check"), "ok", "a traced process: runs on")
+    finally:
+        t.kill()
+
+
 # --- Debian's python3 and redis-server ---
 
 PYTHON_TARGET = r"""
@@ -458,7 +537,7 @@ def test_redis(c, prof, artifacts, extra):
 
 
 TESTS = {"c": test_c, "cycles": test_cycles, "sigkill": test_sigkill, "python": test_python,
-         "redis": test_redis}
+         "redis": test_redis, "in-malloc": test_in_malloc, "refusals": test_refusals}
 
 
 def main():
