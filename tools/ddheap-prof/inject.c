@@ -33,6 +33,11 @@
  * nanosleep is restarted exactly as after any signal. Signals that come
  * meanwhile, to any seized thread, are passed on; a group stop is left as
  * it is (PTRACE_LISTEN).
+ *
+ * The tracer is a child of ddheap-prof that exits once done: its exit
+ * detaches every thread it seized without stopping it, so only the
+ * threads tried for a safe point are ever interrupted. It sends the
+ * result and its copy of the agent's descriptor back over a socket pair.
  */
 #include <dirent.h>
 #include <elf.h>
@@ -50,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ptrace.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -705,8 +711,9 @@ static int remote_call(const struct target *t, struct threads *th, size_t i,
             return ESRCH;
         if (now_ns() > deadline) {
             ptrace(PTRACE_INTERRUPT, tid, NULL, NULL);
+            struct timespec pause = {0, 1000000};
             while (poll_thread(tid, &sig) == STOP_NONE)
-                ;
+                nanosleep(&pause, NULL);
             return ETIMEDOUT;
         }
         struct timespec pause = {0, 20000};
@@ -714,14 +721,16 @@ static int remote_call(const struct target *t, struct threads *th, size_t i,
     }
 }
 
-/* Stops every seized thread still running and detaches all of them; the
- * borrowed one has had its registers put back. */
+/* Detaches the threads stopped now (the borrowed one, its registers put
+ * back) after passing on what the others reported meanwhile. The others
+ * are running: the tracer's exit detaches them without a stop
+ * (dd_prof_inject runs all this in a child), so a thread never tried is
+ * never interrupted (no EINTR from its epoll_wait or semop). */
 static void let_go(struct threads *th, double *longest)
 {
+    pass_on_others(th, 0);
     for (size_t i = 0; i < th->n; i++) {
-        if (th->tid[i] == 0)
-            continue;
-        if (th->stopped_at[i] == 0 && stop_thread(th, i, now_ns() + 1000000000LL) != 0)
+        if (th->tid[i] == 0 || th->stopped_at[i] == 0)
             continue;
         double held = held_ms(th, i);
         if (held > *longest)
@@ -827,8 +836,9 @@ static int call_agent(struct target *t, struct threads *th, size_t i,
     return 0;
 }
 
-int dd_prof_inject(pid_t pid, const char *lib, const char *start, struct dd_prof_injection *out,
-                   char *why, size_t why_size)
+/* The injection itself, in the tracer (a child of ddheap-prof). */
+static int inject_here(pid_t pid, const char *lib, const char *start,
+                       struct dd_prof_injection *out, char *why, size_t why_size)
 {
     *out = (struct dd_prof_injection){.fd = -1};
     struct target t = {.pid = pid, .mem = -1};
@@ -883,6 +893,79 @@ int dd_prof_inject(pid_t pid, const char *lib, const char *start, struct dd_prof
         close(t.mem);
     free(real);
     return rc;
+}
+
+/* What the tracer sends back: the result, its reason, and (SCM_RIGHTS)
+ * its copy of the agent's descriptor. */
+struct report {
+    int rc;
+    struct dd_prof_injection out;
+    char why[512];
+};
+
+int dd_prof_inject(pid_t pid, const char *lib, const char *start, struct dd_prof_injection *out,
+                   char *why, size_t why_size)
+{
+    *out = (struct dd_prof_injection){.fd = -1};
+    int64_t began = now_ns();
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return refuse(why, why_size, "socketpair: %s", strerror(errno));
+    pid_t tracer = fork();
+    if (tracer < 0) {
+        close(sv[0]);
+        close(sv[1]);
+        return refuse(why, why_size, "fork: %s", strerror(errno));
+    }
+    if (tracer == 0) {
+        close(sv[0]);
+        static struct report r;
+        r.rc = inject_here(pid, lib, start, &r.out, r.why, sizeof r.why);
+        struct iovec iov = {&r, sizeof r};
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } control;
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (r.out.fd >= 0) {
+            msg.msg_control = control.buf;
+            msg.msg_controllen = sizeof control.buf;
+            struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(c), &r.out.fd, sizeof(int));
+        }
+        _exit(sendmsg(sv[1], &msg, 0) == (ssize_t)sizeof r ? 0 : 1);
+    }
+    close(sv[1]);
+    static struct report r;
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } control;
+    struct iovec iov = {&r, sizeof r};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    ssize_t got;
+    do
+        got = recvmsg(sv[0], &msg, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    close(sv[0]);
+    while (waitpid(tracer, NULL, 0) < 0 && errno == EINTR)
+        ;
+    if (got != (ssize_t)sizeof r)
+        return refuse(why, why_size, "the tracer process ended without a word");
+    *out = r.out;
+    out->latency_ms = (double)(now_ns() - began) / 1e6; /* the fork included */
+    out->fd = -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
+        memcpy(&out->fd, CMSG_DATA(c), sizeof(int));
+    snprintf(why, why_size, "%s", r.why);
+    if (r.rc == 0 && out->fd < 0)
+        return refuse(why, why_size, "the agent's descriptor was not passed on");
+    return r.rc;
 }
 
 #else

@@ -13,7 +13,7 @@ struct dd_prof_injection {
     /* Our copy of the descriptor the start function returned in the
      * target (pidfd_getfd); the target's own copy is closed. -1 if none. */
     int fd;
-    double latency_ms;    /* from the first ptrace call to the last */
+    double latency_ms;    /* the whole of dd_prof_inject: checks, tracer, calls */
     double longest_stop_ms; /* longest a thread of the target was held */
     unsigned attempts;    /* stops until one was at a safe point */
     int loaded;           /* 1: dlopen was called; 0: the library was there */
