@@ -103,5 +103,8 @@ void ddheap_process_init(void);
  * too. Same return values. */
 int ddheap_interpose_begin(void);
 int ddheap_interpose_end(void);
+/* ddheap_interpose_end in a child just forked (an atfork child handler
+ * registered after the first ddheap_interpose_begin): no loader lock. */
+void ddheap_interpose_end_in_child(void);
 
 #endif /* DDHEAP_INTERNAL_H */

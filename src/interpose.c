@@ -750,6 +750,22 @@ int ddheap_interpose_end(void)
     return result;
 }
 
+/* In a child just forked (an atfork handler), whose one thread is the
+ * forking one: every object is mapped exactly as in the parent when it
+ * forked, so each saved slot is written back directly, without
+ * dl_iterate_phdr (whose loader lock another thread of the parent may have
+ * held at the fork). Call after reset_lock_in_child. */
+void ddheap_interpose_end_in_child(void)
+{
+    if (!active)
+        return;
+    active = false;
+    for (size_t i = 0; i < n_saved; i++)
+        if (saved[i].slot != 0 && is_wrapper(*(uintptr_t *)saved[i].slot))
+            (void)write_slot(saved[i].slot, saved[i].original, saved[i].prot);
+    n_saved = 0;
+}
+
 int dd_heap_interpose_libc(void)
 {
     return ddheap_interpose_begin();
@@ -784,6 +800,10 @@ int ddheap_interpose_begin(void)
 int ddheap_interpose_end(void)
 {
     return 0;
+}
+
+void ddheap_interpose_end_in_child(void)
+{
 }
 
 #endif

@@ -71,10 +71,17 @@ static void *watch(void *arg)
     return NULL;
 }
 
+/* The child of a fork while attached: one thread (not ours), the slots of
+ * the parent. They go back at once; the read end is the parent's. */
 static void forget_in_child(void)
 {
-    if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE))
-        detach();
+    if (!__atomic_load_n(&attached, __ATOMIC_ACQUIRE))
+        return;
+    ddheap_interpose_end_in_child();
+    int fd = __atomic_exchange_n(&watched_fd, -1, __ATOMIC_ACQ_REL);
+    if (fd >= 0)
+        close(fd);
+    __atomic_store_n(&attached, 0, __ATOMIC_RELEASE);
 }
 
 /* Returns the write end of the pipe whose closing detaches the agent

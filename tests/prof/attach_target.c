@@ -18,6 +18,8 @@
  *                writing to it while it holds the main arena's lock: the
  *                main thread is inside the allocator until the test reads
  *                stderr; then "unstalled"
+ *   fork         forks a child that allocates once and then waits in
+ *                pause() to be killed: "child PID"
  *   quit         stops the threads, exits 0
  * At start it prints "ready". With the argument "seccomp" it first
  * installs a seccomp filter that allows everything (Seccomp: 2).
@@ -190,6 +192,14 @@ int main(int argc, char **argv)
             free(kept);
             n_kept = 0;
             printf("freed\n");
+        } else if (strncmp(line, "fork", 4) == 0) {
+            pid_t child = fork();
+            if (child == 0) {
+                free(malloc(100));
+                pause();
+                _exit(0);
+            }
+            printf("child %d\n", (int)child);
         } else if (strncmp(line, "stall", 5) == 0) {
             stall();
         } else if (strncmp(line, "quit", 4) == 0) {

@@ -148,10 +148,10 @@ def injection_costs(text):
 
 class Target:
     """A program that takes commands on stdin and answers a line each.
-    Every command is run once first, so that the slots of lazy binding
-    are bound before the test reads them."""
+    Every command is run once first (fork: that one too), so that the
+    slots of lazy binding are bound before the test reads them."""
 
-    def __init__(self, argv, env=None, stderr=None):
+    def __init__(self, argv, env=None, stderr=None, fork=False):
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=stderr, text=True,
                                      env=dict(os.environ, **(env or {})))
@@ -159,6 +159,8 @@ class Target:
         for command, answer in (("keep 1 64", "kept"), ("check", "ok"), ("free", "freed")):
             if self.ask(command) != answer:
                 raise Failure(f"the target does not answer {command!r}")
+        if fork:
+            os.kill(int(self.ask("fork").split()[1]), signal.SIGKILL)
 
     @property
     def pid(self):
@@ -213,7 +215,28 @@ def per_site(raw, sample_type, prefix="site_"):
     return sums
 
 
+def detach_and_check(c, p, pid, names, before, what):
+    """Stops ddheap-prof (Ctrl-C): it ends well, its line gives the
+    injection's costs (a NOTE), and the slots come back as they were."""
+    rc = p.stop()
+    err = p.text()
+    c.equal(rc, 0, f"{what}: ddheap-prof ends well ({err.strip()[-300:]})")
+    latency, stop = injection_costs(err)
+    c.check(latency is not None, f"{what}: the injection line ({err.strip()[:300]})")
+    note(f"{what}: attach latency {latency} ms, longest stop {stop} ms")
+    wait_restored(pid, names, before, what, c)
+
+
 # --- the C program ---
+
+def free_check_finish(c, t, what):
+    """After the detach: the blocks kept while attached (some sampled)
+    freed past the hooks, the rest intact, the threads running, a normal
+    exit."""
+    c.equal(t.ask("free"), "freed", f"{what}: blocks sampled while attached freed after")
+    c.equal(t.ask("check"), "ok", f"{what}: still running")
+    t.finish(c)
+
 
 def attach_c_once(c, prof, artifacts, program, what):
     """One program: attach, a known allocation, detach."""
@@ -228,13 +251,7 @@ def attach_c_once(c, prof, artifacts, program, what):
         p.wait_profiling()
         count, size = 400, 32768
         c.equal(t.ask(f"keep {count} {size}"), "kept", f"{what}: allocated while attached")
-        rc = p.stop()
-        err = p.text()
-        c.equal(rc, 0, f"{what}: ddheap-prof ends well ({err.strip()[-300:]})")
-        latency, stop = injection_costs(err)
-        c.check(latency is not None, f"{what}: the injection line ({err.strip()[:300]})")
-        note(f"{what}: attach latency {latency} ms, longest stop {stop} ms")
-        wait_restored(t.pid, names, before, what, c)
+        detach_and_check(c, p, t.pid, names, before, what)
         c.equal(t.ask("check"), "ok", f"{what}: blocks intact, threads running after detach")
         raw = read_raw(pb)
         got = per_site(raw, "inuse_space").get("site_kept", 0)
@@ -242,9 +259,7 @@ def attach_c_once(c, prof, artifacts, program, what):
         sd = sigma(count, size, INTERVAL)
         c.check(abs(got - truth) <= 5 * sd,
                 f"{what}: site_kept inuse_space {got}, true {truth}, within 5 sd = {5 * sd:.0f}")
-        c.equal(t.ask("free"), "freed", f"{what}: blocks sampled while attached freed after")
-        c.equal(t.ask("check"), "ok", f"{what}: still running")
-        t.finish(c)
+        free_check_finish(c, t, what)
     finally:
         if p:
             p.kill()
@@ -305,10 +320,11 @@ def test_cycles(c, prof, artifacts, extra):
 
 def test_sigkill(c, prof, artifacts, extra):
     """ddheap-prof killed with SIGKILL mid-run: the agent notices the pipe
-    closed on its own and puts every slot back."""
+    closed on its own and puts every slot back. Before that, a child the
+    program forks while attached has its slots as before the attach."""
     (program,) = extra
     names = [os.path.basename(program), "libc.so"]
-    t = Target([program], target_env())
+    t = Target([program], target_env(), fork=True)
     p = None
     try:
         c.equal(t.ask("check"), "ok", "the program runs")
@@ -317,12 +333,19 @@ def test_sigkill(c, prof, artifacts, extra):
         p.wait_profiling()
         c.equal(t.ask("keep 100 4096"), "kept", "allocated while attached")
         c.check(got_slots(t.pid, names) != before, "the slots are rewritten while attached")
+        child = int(t.ask("fork").split()[1])
+        try:
+            # (its own first calls bind lazy slots of its own: the family's
+            # are the ones to compare)
+            family = {k: v for k, v in before.items() if k[1] in FAMILY}
+            c.equal({k: v for k, v in got_slots(child, names).items() if k[1] in FAMILY},
+                    family, "a child forked while attached has its slots back at once")
+        finally:
+            os.kill(child, signal.SIGKILL)  # the program's child: it reaps nothing, the zombie goes with it
         p.stop(signal.SIGKILL)
         took = wait_restored(t.pid, names, before, "after SIGKILL", c)
         note(f"sigkill: slots restored {took:.3f} s after ddheap-prof was killed")
-        c.equal(t.ask("free"), "freed", "blocks sampled while attached freed after")
-        c.equal(t.ask("check"), "ok", "still running")
-        t.finish(c)
+        free_check_finish(c, t, "after SIGKILL")
     finally:
         if p:
             p.kill()
@@ -359,8 +382,7 @@ def test_in_malloc(c, prof, artifacts, extra):
         c.equal(t.ask("keep 50 4096"), "kept", "allocates while attached")
         c.equal(p.stop(), 0, "ddheap-prof ends well")
         wait_restored(t.pid, names, before, "after a stall inside malloc", c)
-        c.equal(t.ask("check"), "ok", "blocks intact, threads running")
-        t.finish(c)
+        free_check_finish(c, t, "after a stall inside malloc")
     finally:
         if p:
             p.kill()
@@ -442,12 +464,7 @@ def test_python(c, prof, artifacts, extra):
         p.wait_profiling()
         count, size = 300, 32768
         c.equal(t.ask(f"keep {count} {size}"), "kept", "python allocated while attached")
-        rc = p.stop()
-        err = p.text()
-        c.equal(rc, 0, f"ddheap-prof ends well ({err.strip()[-300:]})")
-        latency, stop = injection_costs(err)
-        note(f"python3: attach latency {latency} ms, longest stop {stop} ms")
-        wait_restored(t.pid, names, before, "python3", c)
+        detach_and_check(c, p, t.pid, names, before, "python3")
         raw = read_raw(pb)
         k = raw["types"].index("inuse_space")
         total = sum(v[k] for v, _ in raw["samples"])
@@ -503,12 +520,7 @@ def redis_run(c, prof, artifacts, attach):
         subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port)], input=script,
                        capture_output=True, text=True, timeout=60, check=True)
         if attach:
-            rc = p.stop()
-            err = p.text()
-            c.equal(rc, 0, f"redis: ddheap-prof ends well ({err.strip()[-300:]})")
-            latency, stop = injection_costs(err)
-            note(f"redis-server: attach latency {latency} ms, longest stop {stop} ms")
-            wait_restored(server.pid, names, before, "redis-server", c)
+            detach_and_check(c, p, server.pid, names, before, "redis-server")
         c.equal(redis_cmd(port, "get", "key:2999").strip(), "v" * 4000 + "2999",
                 f"redis keeps its data ({'attached' if attach else 'plain'})")
         info = redis_cmd(port, "info", "memory")
