@@ -11,10 +11,10 @@
  * process traced already, kernel.yama.ptrace_scope=3, a seccomp filter, a
  * libc without dlopen, a library path the target cannot see.
  *
- * A safe point: the thread's pc, and every word of the top of its stack
- * that points into code (a conservative stand-in for its return
- * addresses: programs built without frame pointers cannot be walked
- * cheaply), lie outside the dynamic loader and the allocator (the
+ * A safe point: the thread's pc and its return addresses (unwound by the
+ * CFI of its objects with libdwfl, through ptrace; where that fails, every
+ * word of the top of its stack that points into code stands in for them)
+ * lie outside the dynamic loader and the allocator (the
  * malloc-family functions of libc and of the executable, and all the code
  * of a library that exports malloc: jemalloc, tcmalloc), and the loader's
  * r_debug.r_state is RT_CONSISTENT. So the thread holds neither the
@@ -41,6 +41,7 @@
  */
 #include <dirent.h>
 #include <elf.h>
+#include <elfutils/libdwfl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <gelf.h>
@@ -123,6 +124,7 @@ struct target {
     const char *lib_real; /* the library's path, resolved */
     bool lib_loaded;      /* mapped already */
     int mem;              /* /proc/PID/mem */
+    Dwfl *dwfl;           /* unwinds a stopped thread by CFI; NULL if not */
 };
 
 static void free_maps(struct target *t)
@@ -606,8 +608,48 @@ static bool is_unsafe(const struct target *t, uint64_t addr)
     return false;
 }
 
-/* Whether the stopped thread is at a safe point (the top of this file). */
-static bool at_safe_point(const struct target *t, const struct user_regs_struct *regs)
+/* The stopped thread's return addresses, unwound by the CFI of its
+ * objects (.eh_frame, in every Debian binary) through ptrace. */
+struct walk {
+    const struct target *t;
+    bool unsafe;
+    unsigned depth;
+};
+
+static int check_frame(Dwfl_Frame *frame, void *arg)
+{
+    struct walk *w = arg;
+    Dwarf_Addr pc;
+    bool activation;
+    if (!dwfl_frame_pc(frame, &pc, &activation))
+        return DWARF_CB_ABORT;
+    /* A return address, not the thread's own pc: the call is before it. */
+    if (is_unsafe(w->t, activation ? pc : pc - 1)) {
+        w->unsafe = true;
+        return DWARF_CB_ABORT;
+    }
+    return ++w->depth < 512 ? DWARF_CB_OK : DWARF_CB_ABORT;
+}
+
+/* Unwinds the thread: 1 when one of its frames is in the loader or the
+ * allocator, 0 when none is (the walk reached the outermost frame), -1
+ * when it could not be walked to the end. */
+static int unwound_unsafe(const struct target *t, pid_t tid)
+{
+    if (t->dwfl == NULL)
+        return -1;
+    struct walk w = {t, false, 0};
+    int rc = dwfl_getthread_frames(t->dwfl, tid, check_frame, &w);
+    if (w.unsafe)
+        return 1;
+    return rc == 0 ? 0 : -1;
+}
+
+/* Whether the stopped thread is at a safe point (the top of this file):
+ * its frames unwound by CFI, or when that fails every word of the top of
+ * its stack that points into code (conservative: a stale word makes it
+ * unsafe). */
+static bool at_safe_point(const struct target *t, pid_t tid, const struct user_regs_struct *regs)
 {
     if (is_unsafe(t, regs->rip))
         return false;
@@ -616,6 +658,9 @@ static bool at_safe_point(const struct target *t, const struct user_regs_struct 
         if (!read_mem(t, t->r_state, &state, sizeof state) || state != RT_CONSISTENT)
             return false;
     }
+    int unwound = unwound_unsafe(t, tid);
+    if (unwound >= 0)
+        return unwound == 0;
     uint64_t words[512];
     for (uint64_t at = regs->rsp; at < regs->rsp + STACK_SCAN_BYTES; at += sizeof words) {
         ssize_t got = pread(t->mem, words, sizeof words, (off_t)at);
@@ -626,6 +671,24 @@ static bool at_safe_point(const struct target *t, const struct user_regs_struct 
                 return false;
     }
     return true;
+}
+
+/* The unwinder of the process's threads, stopped by us when used. */
+static Dwfl *process_unwinder(pid_t pid)
+{
+    static const Dwfl_Callbacks callbacks = {
+        .find_elf = dwfl_linux_proc_find_elf,
+        .find_debuginfo = dwfl_standard_find_debuginfo,
+    };
+    Dwfl *dwfl = dwfl_begin(&callbacks);
+    if (dwfl == NULL)
+        return NULL;
+    if (dwfl_linux_proc_report(dwfl, pid) != 0 || dwfl_report_end(dwfl, NULL, NULL) != 0 ||
+        dwfl_linux_proc_attach(dwfl, pid, true) != 0) {
+        dwfl_end(dwfl);
+        return NULL;
+    }
+    return dwfl;
 }
 
 struct saved_state {
@@ -759,7 +822,7 @@ static long find_safe_thread(struct target *t, struct threads *th, struct saved_
         if (e != 0)
             continue;
         (*attempts)++;
-        if (save_state(th->tid[i], saved) && at_safe_point(t, &saved->regs))
+        if (save_state(th->tid[i], saved) && at_safe_point(t, th->tid[i], &saved->regs))
             return (long)i;
         double held = held_ms(th, i);
         if (held > *longest)
@@ -857,6 +920,8 @@ static int inject_here(pid_t pid, const char *lib, const char *start,
         if (t.mem < 0)
             rc = refuse(why, why_size, "cannot open %s: %s", name, strerror(errno));
     }
+    if (rc == 0)
+        t.dwfl = process_unwinder(pid); /* before any thread is seized */
     if (rc == 0) {
         int e = seize_all(pid, &th);
         if (e != 0)
@@ -885,6 +950,8 @@ static int inject_here(pid_t pid, const char *lib, const char *start,
         close(out->fd); /* the agent, if started, detaches */
         out->fd = -1;
     }
+    if (t.dwfl != NULL)
+        dwfl_end(t.dwfl);
     free(th.tid);
     free(th.stopped_at);
     free(t.unsafe);
