@@ -18,6 +18,7 @@ import ctypes
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -511,7 +512,10 @@ def redis_run(c, prof, artifacts, attach):
             if time.monotonic() > deadline or server.poll() is not None:
                 raise Failure("redis-server did not start")
             time.sleep(0.05)
-        names = ["redis-server", "libc.so", "libjemalloc"]
+        # (Debian's redis-server is a link to redis-check-rdb, the name
+        # in the maps)
+        exe = os.path.basename(os.path.realpath(shutil.which("redis-server")))
+        names = [exe, "libc.so", "libjemalloc"]
         before = got_slots(server.pid, names)
         if attach:
             p = Prof(prof, server.pid, os.path.join(artifacts, "attach-redis.pb.gz"))
