@@ -99,12 +99,17 @@ static void *sleeper(void *arg)
     return NULL;
 }
 
+/* malloc's address taken, as python3 takes it: in the non-PIE build the
+ * executable then holds a canonical PLT entry for malloc, which the whole
+ * process binds the name to, and its own slot holds libc's malloc. */
+void *(*volatile dd_test_malloc_ref)(size_t);
+
 static unsigned char **kept;
 static size_t n_kept, kept_size;
 
 __attribute__((noinline)) static void site_kept(size_t n, size_t size)
 {
-    kept = malloc(n * sizeof *kept);
+    kept = dd_test_malloc_ref(n * sizeof *kept);
     if (kept == NULL)
         abort();
     for (size_t i = 0; i < n; i++) {
@@ -161,6 +166,7 @@ static void stall(void)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    dd_test_malloc_ref = malloc; /* in code: an absolute address when not PIE */
     if (argc > 1 && strcmp(argv[1], "seccomp") == 0 && allow_everything_filter() != 0)
         return 2;
     if (pipe(reader_pipe) != 0)
