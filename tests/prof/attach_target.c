@@ -21,8 +21,13 @@
  *   fork         forks a child that allocates once and then waits in
  *                pause() to be killed: "child PID"
  *   quit         stops the threads, exits 0
- * At start it prints "ready". With the argument "seccomp" it first
- * installs a seccomp filter that allows everything (Seccomp: 2).
+ * A timer sends the process SIGALRM every 2 ms (a handler counts them,
+ * SA_RESTART): signals keep arriving while the agent is injected, to any
+ * thread, the borrowed one included.
+ *
+ * At start it prints "ready". Arguments: "seccomp" first installs a
+ * seccomp filter that allows everything (Seccomp: 2); "notimer" starts no
+ * timer (for a process whose tracer waits for nothing).
  */
 #define _GNU_SOURCE
 
@@ -30,7 +35,9 @@
 #include <linux/seccomp.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/prctl.h>
+#include <sys/time.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -40,7 +47,14 @@
 #include <unistd.h>
 
 static atomic_bool stopping;
-static atomic_ulong churn_rounds, sleep_rounds;
+static atomic_ulong churn_rounds, sleep_rounds, alarms;
+static bool timer_on;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    atomic_fetch_add(&alarms, 1);
+}
 static int reader_pipe[2];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
@@ -131,14 +145,18 @@ static const char *check(void)
     /* Alive: each busy thread moves on within 30 s (a machine under
      * load may not run it for a while; a deadlock never moves). */
     unsigned long churned = atomic_load(&churn_rounds), slept = atomic_load(&sleep_rounds);
+    unsigned long alarmed = atomic_load(&alarms);
     for (int waited = 0; waited < 3000; waited++) {
-        if (atomic_load(&churn_rounds) != churned && atomic_load(&sleep_rounds) != slept)
+        if (atomic_load(&churn_rounds) != churned && atomic_load(&sleep_rounds) != slept &&
+            (atomic_load(&alarms) != alarmed || !timer_on))
             return "ok";
         struct timespec ts = {0, 10000000};
         nanosleep(&ts, NULL);
     }
     if (atomic_load(&churn_rounds) == churned)
         return "bad: the malloc loop stopped";
+    if (atomic_load(&alarms) == alarmed && timer_on)
+        return "bad: the timer's signals stopped";
     return "bad: the sleeping thread stopped";
 }
 
@@ -171,8 +189,12 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     dd_test_malloc_ref = malloc; /* in code: an absolute address when not PIE */
-    if (argc > 1 && strcmp(argv[1], "seccomp") == 0 && allow_everything_filter() != 0)
-        return 2;
+    bool timer = true;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "seccomp") == 0 && allow_everything_filter() != 0)
+            return 2;
+        timer = timer && strcmp(argv[i], "notimer") != 0;
+    }
     if (pipe(reader_pipe) != 0)
         return 2;
     pthread_t threads[4];
@@ -180,6 +202,12 @@ int main(int argc, char **argv)
     for (int i = 0; i < 4; i++)
         if (pthread_create(&threads[i], NULL, bodies[i], NULL) != 0)
             return 2;
+    struct sigaction sa = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    struct itimerval every = {{0, 2000}, {0, 2000}};
+    if (sigaction(SIGALRM, &sa, NULL) != 0 || (timer && setitimer(ITIMER_REAL, &every, NULL) != 0))
+        return 2;
+    timer_on = timer;
     /* Every entry point used once before "ready": lazy slots are bound. */
     void *warm = aligned_alloc(64, 128);
     void *pm = NULL;

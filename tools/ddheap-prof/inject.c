@@ -985,6 +985,14 @@ int dd_prof_inject(pid_t pid, const char *lib, const char *start, struct dd_prof
         return refuse(why, why_size, "fork: %s", strerror(errno));
     }
     if (tracer == 0) {
+        /* Ctrl-C reaches the whole process group: the tracer dying while
+         * a thread of the target runs our call would leave that thread to
+         * return to address 0. It finishes instead (within its time-outs);
+         * ddheap-prof sees the Ctrl-C after. */
+        signal(SIGINT, SIG_IGN);
+        signal(SIGQUIT, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
         close(sv[0]);
         static struct report r;
         r.rc = inject_here(pid, lib, start, &r.out, r.why, sizeof r.why);
