@@ -610,7 +610,7 @@ def test_auto_preload(c, prof, workload, artifacts, extra):
     the preload library of the build tree, saying so in one line; at R = 1
     the values equal the truth. With --no-preload it runs as it is and
     nothing is written. Through ddheap-run it works as before, with no
-    line (ddheap-run preloads the library itself)."""
+    line (ddheap-run preloads the library itself); through env too."""
     preload, plain, run = extra
     env = {"DD_HEAP_SAMPLING_INTERVAL": "1"}
     truth, raw, err, _ = run_cmd(prof, [], [plain, "{truth}", "400"], env, artifacts, "auto")
@@ -628,6 +628,13 @@ def test_auto_preload(c, prof, workload, artifacts, extra):
     truth, raw, err, _ = run_cmd(prof, [], [run, plain, "{truth}", "400"], env, artifacts,
                                  "auto-run")
     c.check("running it with" not in err, f"ddheap-run is not preloaded twice: {err[:300]}")
+    check_plain_truth(c, truth, raw)
+    # A wrapper running a program without probes: preloaded, exact. (One
+    # running a program with probes is not: prof-exact, prof-namespace.)
+    truth, raw, err, _ = run_cmd(prof, [], ["env", "X=1", plain, "{truth}", "400"], env,
+                                 artifacts, "auto-env")
+    c.check("env carries no ddheap probes: running it with" in err,
+            f"env running a program without probes: preloaded ({err.strip()[:300]})")
     check_plain_truth(c, truth, raw)
 
 

@@ -1,13 +1,15 @@
 /*
  * A command without ddheap's probes, run under libddheap_preload.so: the
  * decision (before the fork: the executable, the libraries the loader
- * names for it, an LD_PRELOAD already set) and the environment the
+ * names for it, an LD_PRELOAD already set, and the programs its arguments
+ * name, for a wrapper such as env or unshare) and the environment the
  * command gets (in the child, before its exec). Where ddheap's libraries
  * are (this one and the agent, agent.c) is decided here too: the build
  * tree's when this ddheap-prof is the build tree's, else the installed
  * ones; DDHEAP_PRELOAD_LIB and DDHEAP_AGENT_LIB override, as for ddheap-run.
  */
 #include <limits.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,9 +108,45 @@ static bool runs_without_probes(const char *path)
     return !found;
 }
 
+/* A file named by one word of the text (a path, or a program found in
+ * PATH) that carries the probes. Words end at blanks, '=' and ':', so
+ * that LD_PRELOAD=/a.so:/b.so names its libraries. */
+static bool names_probed_file(const char *text)
+{
+    bool found = false;
+    while (*text && !found) {
+        text += strspn(text, " \t\n=:");
+        size_t len = strcspn(text, " \t\n=:");
+        char word[PATH_MAX];
+        if (len > 0 && len < sizeof word) {
+            memcpy(word, text, len);
+            word[len] = '\0';
+            struct stat st;
+            char *path = strchr(word, '/') ? NULL : command_path(word);
+            const char *file = path ? path : word;
+            if (stat(file, &st) == 0 && S_ISREG(st.st_mode))
+                note_probes(file, &found);
+            free(path);
+        }
+        text += len;
+    }
+    return found;
+}
+
+/* A wrapper (env, nice, unshare, sh -c "...") that runs a program with the
+ * probes: one of its arguments names that program, or a library with them.
+ * Preloading then would count that program's allocations twice. */
+static bool arguments_name_probes(char **cmd)
+{
+    for (size_t i = 1; cmd[i] != NULL; i++)
+        if (names_probed_file(cmd[i]))
+            return true;
+    return false;
+}
+
 const char *dd_prof_preload_for(const struct options *o)
 {
-    if (o->no_preload || preloaded_with_probes())
+    if (o->no_preload || preloaded_with_probes() || arguments_name_probes(o->cmd))
         return NULL;
     char *path = command_path(o->cmd[0]);
     bool wanted = path != NULL && runs_without_probes(path);
