@@ -59,19 +59,22 @@ static int reader_pipe[2];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
 
+/* Small blocks, a few thousand samples a second at the tests' interval
+ * (64 KiB): the loop is always in or near malloc, and ddheap-prof reads
+ * what it is sent. */
 static void *churn(void *arg)
 {
     (void)arg;
     while (!atomic_load(&stopping)) {
         void *blocks[16];
         for (int i = 0; i < 16; i++) {
-            blocks[i] = malloc((size_t)(16 + 64 * i));
+            blocks[i] = malloc((size_t)(16 + 4 * i));
             if (blocks[i] == NULL)
                 abort();
             memset(blocks[i], i, 16);
         }
-        void *c = calloc(4, 100);
-        void *r = realloc(blocks[0], 3000);
+        void *c = calloc(4, 25);
+        void *r = realloc(blocks[0], 128);
         if (c == NULL || r == NULL)
             abort();
         blocks[0] = r;
@@ -92,14 +95,43 @@ static void *reader(void *arg)
     return NULL;
 }
 
+/* An hour from now, or now. */
+static struct timespec deadline(time_t seconds)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += seconds;
+    return ts;
+}
+
 static void *waiter(void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&lock);
-    while (!atomic_load(&stopping))
-        pthread_cond_wait(&cond, &lock);
+    while (!atomic_load(&stopping)) {
+        struct timespec until = deadline(3600);
+        pthread_cond_timedwait(&cond, &lock, &until);
+    }
     pthread_mutex_unlock(&lock);
     return NULL;
+}
+
+/* Every function the threads block in, called once by main before they
+ * start: under lazy binding their slots are then bound before "ready",
+ * and a test reading the slots sees only what an attach changes. */
+static void bind_before_threads(void)
+{
+    char byte = 0;
+    if (write(reader_pipe[1], &byte, 1) != 1 || read(reader_pipe[0], &byte, 1) != 1)
+        abort();
+    pthread_mutex_lock(&lock);
+    struct timespec now = deadline(0);
+    pthread_cond_timedwait(&cond, &lock, &now);
+    pthread_mutex_unlock(&lock);
+    struct timespec none = {0, 0};
+    nanosleep(&none, NULL);
+    free(calloc(1, 16));
+    free(realloc(malloc(16), 32));
 }
 
 static void *sleeper(void *arg)
@@ -197,6 +229,7 @@ int main(int argc, char **argv)
     }
     if (pipe(reader_pipe) != 0)
         return 2;
+    bind_before_threads();
     pthread_t threads[4];
     void *(*bodies[4])(void *) = {churn, reader, waiter, sleeper};
     for (int i = 0; i < 4; i++)
