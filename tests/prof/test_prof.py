@@ -636,6 +636,15 @@ def test_auto_preload(c, prof, workload, artifacts, extra):
     c.check("env carries no ddheap probes: running it with" in err,
             f"env running a program without probes: preloaded ({err.strip()[:300]})")
     check_plain_truth(c, truth, raw)
+    # An LD_PRELOAD the user set stays, after the library (so a preloaded
+    # allocator is the one it forwards to), as ddheap-run does.
+    theirs = "/lib/x86_64-linux-gnu/libm.so.6"
+    if os.path.exists(theirs):
+        r = subprocess.run([prof, "-o", os.path.join(artifacts, "auto-ld.pb.gz"), "--", "sh",
+                            "-c", 'echo "$LD_PRELOAD"'], capture_output=True, text=True,
+                           timeout=TIMEOUT, env=dict(os.environ, LD_PRELOAD=theirs))
+        c.equal(r.stdout.strip(), f"{os.path.realpath(preload)}:{theirs}",
+                f"the user's LD_PRELOAD after the library ({r.stderr.strip()[:200]})")
 
 
 STATUS_LINE = re.compile(r"^ddheap-prof: pid (\d+) \((\S+)\): (.*)$", re.M)
