@@ -184,6 +184,5 @@ void dd_prof_add_preload(const char *lib)
     else
         snprintf(value, size, "%s%s%s", lib, old[0] ? ":" : "", old);
     setenv("LD_PRELOAD", value, 1);
-    setenv("DDHEAP_RUN_NOTICE", "1", 1);
     free(value);
 }
