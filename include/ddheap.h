@@ -183,6 +183,9 @@ DDHEAP_API int dd_heap_thread_sampling_status(void);
  *            (libddheap_preload.so, or a program that wires them) or is a
  *            sanitizer's (nothing is changed);
  *   ENOSYS   no dynamic linker to ask (a static program);
+ *   EAGAIN   a non-PIE executable's PLT stub stands for a function
+ *            (its address taken) whose slot is not bound yet: call it
+ *            again once the program has called the function;
  *   ENOMEM, or mprotect's error: some entries could not be rewritten. */
 DDHEAP_API int dd_heap_interpose_libc(void);
 

@@ -98,4 +98,13 @@ uint64_t ddheap_process_secret(uint64_t domain);
  * allocation can need it, so lazy binding never runs inside the cold path. */
 void ddheap_process_init(void);
 
+/* The GOT rewrite of src/interpose.c: what dd_heap_interpose_libc() and
+ * dd_heap_interpose_libc_stop() do, for the injected agent (src/agent/)
+ * too. Same return values. */
+int ddheap_interpose_begin(void);
+int ddheap_interpose_end(void);
+/* ddheap_interpose_end in a child just forked (an atfork child handler
+ * registered after the first ddheap_interpose_begin): no loader lock. */
+void ddheap_interpose_end_in_child(void);
+
 #endif /* DDHEAP_INTERNAL_H */

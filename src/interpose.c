@@ -43,6 +43,14 @@
  * wrappers sampled are freed past them after stop. An archive built with
  * another scheme refuses, with ENOTSUP and a line on stderr.
  *
+ * Protection. Each saved entry keeps, with the slot's address and the
+ * value it held, the protection its page had (read-only under RELRO,
+ * writable otherwise): stop writes the value back and gives the page that
+ * protection again, so the object is as it was, byte for byte.
+ *
+ * Two users: dd_heap_interpose_libc() (a program's own call) and the
+ * injected agent (src/agent/), both through ddheap_interpose_begin/end.
+ *
  * Unloading. Every write happens inside a dl_iterate_phdr callback, to an
  * object that callback reports: the dynamic linker holds its list lock,
  * so the object cannot be unmapped during the write. Each saved entry
@@ -138,6 +146,7 @@ struct replacement {
     const char *name;
     void *wrapper;
     void *bound; /* what the global scope binds `name` to, or NULL */
+    void *real;  /* the definition behind it: `bound`, or past a PLT stub */
 };
 
 /* Function pointers as data pointers: POSIX guarantees the conversion
@@ -151,13 +160,13 @@ union fn_as_data {
 
 /* The malloc family (src/malloc_family.def), then dlopen and dlmopen. */
 static struct replacement replacements[] = {
-#define DDHEAP_FAMILY(name, class, via) {#name, NULL, NULL},
+#define DDHEAP_FAMILY(name, class, via) {#name, NULL, NULL, NULL},
 #define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
 #include "malloc_family.def"
 #undef DDHEAP_FAMILY
 #undef DDHEAP_FAMILY_C23
-    {"dlopen", NULL, NULL},
-    {"dlmopen", NULL, NULL},
+    {"dlopen", NULL, NULL, NULL},
+    {"dlmopen", NULL, NULL, NULL},
 };
 #define N_REPLACEMENTS (sizeof replacements / sizeof replacements[0])
 _Static_assert(N_REPLACEMENTS <= 32, "lazy_ok in struct scanned is a 32-bit mask");
@@ -189,6 +198,42 @@ static bool defined_next_to_ddheap(void *fn)
     return same;
 }
 
+/* A non-PIE executable that takes the address of a function it imports
+ * (python3 takes malloc's) gets a canonical PLT entry: the global scope
+ * binds the name to that stub in the executable, which jumps through the
+ * executable's own GOT slot to the definition. A wrapper must call the
+ * definition: through the stub it would come back to that slot, rewritten
+ * to the wrapper itself. On x86-64 the stub is `[endbr64] [bnd] jmp
+ * *slot(%rip)`; the slot is read here, before any rewrite. Returns `fn`
+ * when it is no such stub, NULL when its slot is not bound yet (lazy: it
+ * points back into the executable's PLT). Elsewhere, `fn`. */
+static void *past_plt_stub(void *fn)
+{
+#if defined(__x86_64__)
+    const unsigned char *code = fn;
+    if (code == NULL)
+        return fn;
+    size_t at = 0;
+    if (code[0] == 0xf3 && code[1] == 0x0f && code[2] == 0x1e && code[3] == 0xfa)
+        at = 4; /* endbr64 */
+    if (code[at] == 0xf2)
+        at++; /* bnd */
+    if (code[at] != 0xff || code[at + 1] != 0x25)
+        return fn;
+    int32_t displacement;
+    memcpy(&displacement, code + at + 2, sizeof displacement);
+    uintptr_t slot = (uintptr_t)(code + at + 6) + (uintptr_t)(intptr_t)displacement;
+    void *real = (void *)__atomic_load_n((uintptr_t *)slot, __ATOMIC_ACQUIRE);
+    Dl_info stub_info, real_info;
+    if (dladdr(fn, &stub_info) == 0 || dladdr(real, &real_info) == 0 ||
+        stub_info.dli_fbase == real_info.dli_fbase)
+        return NULL;
+    return real;
+#else
+    return fn;
+#endif
+}
+
 /* Finds, once, what the global scope binds every name to, and so where
  * each wrapper forwards. Called without ddheap's lock: dlopen, dlsym and
  * dladdr take the loader's lock, which a thread inside dlopen holds while
@@ -196,7 +241,8 @@ static bool defined_next_to_ddheap(void *fn)
  * lock here would invert the order. Publishes under the lock; a second
  * caller racing this one computes the same values and keeps the first.
  * Returns 0, or EBUSY when malloc is already hooked by ddheap, or ENOSYS
- * when there is no dynamic linker to ask (a static program). */
+ * when there is no dynamic linker to ask (a static program), or EAGAIN
+ * when a name is bound to a PLT stub whose slot is still lazy. */
 static int find_bindings(void)
 {
     pthread_mutex_lock(&lock);
@@ -209,14 +255,18 @@ static int find_bindings(void)
     void *global = dlopen(NULL, RTLD_LAZY);
     if (global == NULL)
         return ENOSYS;
-    void *bound[N_REPLACEMENTS];
-    for (size_t i = 0; i < N_REPLACEMENTS; i++)
+    void *bound[N_REPLACEMENTS], *real[N_REPLACEMENTS];
+    bool unbound = false;
+    for (size_t i = 0; i < N_REPLACEMENTS; i++) {
         bound[i] = dlsym(global, replacements[i].name);
+        real[i] = past_plt_stub(bound[i]);
+        unbound = unbound || (bound[i] != NULL && real[i] == NULL);
+    }
     struct ddheap_family_targets found;
 #define DDHEAP_FAMILY(name, class, via)                                                \
     found.name = strcmp(#class, "reallocarray") == 0                                  \
                      ? AS_FN(ddheap_##class##_via, AS_DATA(wrap_##via))                \
-                     : AS_FN(ddheap_##class##_via, dlsym(global, #via));
+                     : AS_FN(ddheap_##class##_via, past_plt_stub(dlsym(global, #via)));
 #define DDHEAP_FAMILY_C23 DDHEAP_FAMILY
 #include "malloc_family.def"
 #undef DDHEAP_FAMILY
@@ -230,7 +280,9 @@ static int find_bindings(void)
     for (size_t i = 0; i < sizeof sanitizers / sizeof sanitizers[0]; i++)
         sanitized = sanitized || dlsym(global, sanitizers[i]) != NULL;
     dlclose(global);
-    if (bound[0] == NULL || sanitized || defined_next_to_ddheap(bound[0]))
+    if (unbound)
+        return EAGAIN; /* a stub whose slot the program has not bound yet */
+    if (bound[0] == NULL || sanitized || defined_next_to_ddheap(real[0]))
         return EBUSY;
     void *wrappers[N_REPLACEMENTS] = {
 #define DDHEAP_FAMILY(name, class, via) AS_DATA(wrap_##name),
@@ -247,6 +299,7 @@ static int find_bindings(void)
         for (size_t i = 0; i < N_REPLACEMENTS; i++) {
             replacements[i].wrapper = wrappers[i];
             replacements[i].bound = bound[i];
+            replacements[i].real = real[i];
         }
         bindings_known = true;
     }
@@ -277,6 +330,8 @@ struct saved_slot {
     uintptr_t original; /* what it held before the rewrite */
     uintptr_t base;     /* dlpi_addr of its object */
     uint64_t name_hash; /* of dlpi_name: the object's identity with base */
+    int prot;           /* its page's protection, given back after each write;
+                           -1: a writable page, never changed */
 };
 
 #define MAX_SAVED 32768u
@@ -400,9 +455,11 @@ static bool scan_objects(struct scan *scan)
             continue; /* gone, replaced, or not openable (the vDSO): not ours */
         o->complete = true;
         for (size_t r = 0; r < N_REPLACEMENTS; r++)
-            if (replacements[r].bound != NULL &&
-                dlsym(handle, replacements[r].name) == replacements[r].bound)
-                o->lazy_ok |= UINT32_C(1) << r;
+            if (replacements[r].bound != NULL) {
+                void *fn = dlsym(handle, replacements[r].name);
+                if (fn == replacements[r].bound || fn == replacements[r].real)
+                    o->lazy_ok |= UINT32_C(1) << r;
+            }
         dlclose(handle);
     }
     return true;
@@ -503,23 +560,30 @@ static bool skipped(const struct dl_phdr_info *info)
     return info->dlpi_name != NULL && strncmp(info->dlpi_name, "linux-vdso", 10) == 0;
 }
 
-/* Stores `value` into a GOT slot, making a RELRO page writable for the
- * write. The store is one aligned word: a thread calling through the slot
- * sees the old or the new function, never a torn address. */
-static int write_slot(const struct object *o, uintptr_t slot, uintptr_t value)
+/* The protection of the page that holds a GOT slot, as the dynamic
+ * linker left it: read-only under RELRO, which it applies to whole pages
+ * from the start of PT_GNU_RELRO rounded down to its end rounded down (a
+ * slot in a last partial page stays writable); -1 for a writable page. */
+static int slot_protection(const struct object *o, uintptr_t slot)
 {
-    /* The dynamic linker protects whole pages from the start of RELRO
-     * rounded down to its end rounded down: a slot in a last partial page
-     * stays writable, and must not be made read-only here. */
     uintptr_t page_size = (uintptr_t)ddheap_family_page_size();
     uintptr_t relro_start = o->relro_start & ~(page_size - 1);
     uintptr_t relro_end = o->relro_end & ~(page_size - 1);
-    bool relro = slot >= relro_start && slot < relro_end;
+    return slot >= relro_start && slot < relro_end ? PROT_READ : -1;
+}
+
+/* Stores `value` into a GOT slot whose page has protection `prot` (-1:
+ * writable), making it writable for the write and giving `prot` back. The
+ * store is one aligned word: a thread calling through the slot sees the
+ * old or the new function, never a torn address. */
+static int write_slot(uintptr_t slot, uintptr_t value, int prot)
+{
+    uintptr_t page_size = (uintptr_t)ddheap_family_page_size();
     void *page = (void *)(slot & ~(page_size - 1));
-    if (relro && mprotect(page, page_size, PROT_READ | PROT_WRITE) != 0)
+    if (prot != -1 && mprotect(page, page_size, PROT_READ | PROT_WRITE) != 0)
         return errno;
     __atomic_store_n((uintptr_t *)slot, value, __ATOMIC_RELEASE);
-    if (relro && mprotect(page, page_size, PROT_READ) != 0)
+    if (prot != -1 && mprotect(page, page_size, prot) != 0)
         return errno;
     return 0;
 }
@@ -563,7 +627,8 @@ static void rewrite_slot(const struct object *o, uintptr_t slot, const struct re
      * local scope, a copy of the function) keeps its binding: a wrapper
      * there would hand one allocator's blocks to another. */
     uint32_t bit = UINT32_C(1) << (r - replacements);
-    bool bound = r->bound != NULL && current == (uintptr_t)r->bound;
+    bool bound = r->bound != NULL &&
+                 (current == (uintptr_t)r->bound || current == (uintptr_t)r->real);
     bool lazy = contains(o->info, current) && (o->scanned->lazy_ok & bit) != 0;
     if (!bound && !lazy)
         return;
@@ -572,13 +637,14 @@ static void rewrite_slot(const struct object *o, uintptr_t slot, const struct re
             failure = ENOMEM;
         return;
     }
-    int err = write_slot(o, slot, (uintptr_t)r->wrapper);
+    int prot = slot_protection(o, slot);
+    int err = write_slot(slot, (uintptr_t)r->wrapper, prot);
     if (err != 0) {
         if (failure == 0)
             failure = err;
         return;
     }
-    saved[n_saved++] = (struct saved_slot){slot, current, o->base, hash_name(o->name)};
+    saved[n_saved++] = (struct saved_slot){slot, current, o->base, hash_name(o->name), prot};
 }
 
 static int rewrite_object(struct dl_phdr_info *info, size_t size, void *ctx)
@@ -637,7 +703,7 @@ static int restore_object(struct dl_phdr_info *info, size_t size, void *ctx)
         if (s->slot == 0 || s->base != o.base || s->name_hash != name_hash || !contains(info, s->slot))
             continue;
         if (is_wrapper(__atomic_load_n((uintptr_t *)s->slot, __ATOMIC_ACQUIRE))) {
-            int err = write_slot(&o, s->slot, s->original);
+            int err = write_slot(s->slot, s->original, s->prot);
             if (err != 0 && failure == 0)
                 failure = err;
         }
@@ -653,7 +719,7 @@ static void reset_lock_in_child(void)
     pthread_mutex_init(&lock, NULL);
 }
 
-int dd_heap_interpose_libc(void)
+int ddheap_interpose_begin(void)
 {
     static int atfork_registered;
     if (__atomic_exchange_n(&atfork_registered, 1, __ATOMIC_ACQ_REL) == 0)
@@ -669,7 +735,7 @@ int dd_heap_interpose_libc(void)
     return scan_and_rewrite(true);
 }
 
-int dd_heap_interpose_libc_stop(void)
+int ddheap_interpose_end(void)
 {
     pthread_mutex_lock(&lock);
     int result = 0;
@@ -682,6 +748,32 @@ int dd_heap_interpose_libc_stop(void)
     }
     pthread_mutex_unlock(&lock);
     return result;
+}
+
+/* In a child just forked (an atfork handler), whose one thread is the
+ * forking one: every object is mapped exactly as in the parent when it
+ * forked, so each saved slot is written back directly, without
+ * dl_iterate_phdr (whose loader lock another thread of the parent may have
+ * held at the fork). Call after reset_lock_in_child. */
+void ddheap_interpose_end_in_child(void)
+{
+    if (!active)
+        return;
+    active = false;
+    for (size_t i = 0; i < n_saved; i++)
+        if (saved[i].slot != 0 && is_wrapper(*(uintptr_t *)saved[i].slot))
+            (void)write_slot(saved[i].slot, saved[i].original, saved[i].prot);
+    n_saved = 0;
+}
+
+int dd_heap_interpose_libc(void)
+{
+    return ddheap_interpose_begin();
+}
+
+int dd_heap_interpose_libc_stop(void)
+{
+    return ddheap_interpose_end();
 }
 
 #else /* not the shadow scheme */
@@ -698,6 +790,20 @@ int dd_heap_interpose_libc(void)
 int dd_heap_interpose_libc_stop(void)
 {
     return 0; /* nothing was ever rewritten */
+}
+
+int ddheap_interpose_begin(void)
+{
+    return ENOTSUP;
+}
+
+int ddheap_interpose_end(void)
+{
+    return 0;
+}
+
+void ddheap_interpose_end_in_child(void)
+{
 }
 
 #endif

@@ -60,6 +60,15 @@ libexecdir=$(meson introspect --buildoptions "$build" | python3 -c 'import json,
 run_check="$prefix/$libexecdir/ddheap-run-check"
 test -x "$work/root$run_check" && grep -q "$run_check" "$work/root$prefix/bin/ddheap-run"
 result $? "installed $libexecdir/ddheap-run-check, named by ddheap-run"
+# The agent ddheap-prof -p injects (docs/attach.md), beside it; the
+# installed ddheap-prof (where built) names both installed libraries.
+agent="$prefix/$libdir/libddheap_agent.so"
+test -f "$work/root$agent"; result $? "installed $libdir/libddheap_agent.so"
+if [ -e "$work/root$prefix/bin/ddheap-prof" ]; then
+  grep -q -a "$preload" "$work/root$prefix/bin/ddheap-prof" &&
+    grep -q -a "$agent" "$work/root$prefix/bin/ddheap-prof"
+  result $? "installed bin/ddheap-prof, naming $preload and $agent"
+fi
 # The bpftrace line it prints (before it runs the command) names the
 # installed ddheap-live.bt.
 script=$({ DDHEAP_PRELOAD_LIB="$work/root$preload" "$work/root$prefix/bin/ddheap-run" true 2>&1 >/dev/null ||

@@ -360,11 +360,11 @@ def test_outputs(c, prof, artifacts, extra):
         finally:
             shutil.rmtree(where, ignore_errors=True)
 
-    case("no probes ever mapped", ["--", "true"], 1,
+    case("no probes ever mapped", ["--no-preload", "--", "true"], 1,
          "never mapped an object with ddheap:alloc probes")
-    case("no probes, the command failing", ["--", "sh", "-c", "exit 3"], 3,
+    case("no probes, the command failing", ["--no-preload", "--", "sh", "-c", "exit 3"], 3,
          "exited with status 3")
-    case("the command killed by a signal", ["--", "sh", "-c", "kill -TERM $$"], 128 + 15,
+    case("the command killed by a signal", ["--no-preload", "--", "sh", "-c", "kill -TERM $$"], 128 + 15,
          "was killed by signal 15")
     case("a command that does not exist", ["--", "/nonexistent-program"], 127,
          "cannot run /nonexistent-program")

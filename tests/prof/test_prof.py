@@ -485,14 +485,14 @@ def test_errors(c, prof, workload, artifacts, extra):
     # A process without probes, running and started.
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        expect(["-p", str(sleeper.pid), "-o", out], 1, "has no ddheap:alloc probe",
-               "-p of a process without probes")
+        expect(["-p", str(sleeper.pid), "--no-inject", "-o", out], 1,
+               "has no ddheap:alloc probe", "-p --no-inject of a process without probes")
         c.equal(sleeper.poll(), None, "the process without probes still runs")
     finally:
         sleeper.kill()
         sleeper.wait()
-    expect(["-o", out, "--", "true"], 1, "never mapped an object with ddheap:alloc probes",
-           "-- a command without probes")
+    expect(["-o", out, "--no-preload", "--", "true"], 1,
+           "never mapped an object with ddheap:alloc probes", "-- a command without probes")
     expect(["-o", out, "--", "/nonexistent-program"], 127, "cannot run /nonexistent-program",
            "-- a command that does not exist")
 
@@ -580,6 +580,16 @@ def test_dlopen(c, prof, workload, artifacts, extra):
             f"plugin frames carry {want} ({sorted(files)})")
 
 
+def check_plain_truth(c, truth, raw):
+    """At R = 1, each site's four values equal the truth."""
+    got = {t: per_site(raw, t) for t in raw["types"]}
+    for site, t in truth["site"].items():
+        c.equal((got["alloc_space"].get(site, 0), got["alloc_objects"].get(site, 0),
+                 got["inuse_space"].get(site, 0), got["inuse_objects"].get(site, 0)),
+                (t["alloc_bytes"], t["alloc_count"], t["live_bytes"], t["live_count"]),
+                f"{site}: alloc_space, alloc_objects, inuse_space, inuse_objects")
+
+
 def test_preload(c, prof, workload, artifacts, extra):
     """A program without ddheap, run with the LD_PRELOAD library through
     `env`: the library is named by the loader's --list at the program's
@@ -592,12 +602,49 @@ def test_preload(c, prof, workload, artifacts, extra):
                    plain, "{truth}", "400"], {}, artifacts, "preload")
     c.check("attached to " + os.path.realpath(preload) in err,
             f"attached to the preload library: {err.strip()[:300]}")
-    got = {t: per_site(raw, t) for t in raw["types"]}
-    for site, t in truth["site"].items():
-        c.equal((got["alloc_space"].get(site, 0), got["alloc_objects"].get(site, 0),
-                 got["inuse_space"].get(site, 0), got["inuse_objects"].get(site, 0)),
-                (t["alloc_bytes"], t["alloc_count"], t["live_bytes"], t["live_count"]),
-                f"{site}: alloc_space, alloc_objects, inuse_space, inuse_objects")
+    check_plain_truth(c, truth, raw)
+
+
+def test_auto_preload(c, prof, workload, artifacts, extra):
+    """`ddheap-prof -- PROGRAM` on a program without probes runs it under
+    the preload library of the build tree, saying so in one line; at R = 1
+    the values equal the truth. With --no-preload it runs as it is and
+    nothing is written. Through ddheap-run it works as before, with no
+    line (ddheap-run preloads the library itself); through env too."""
+    preload, plain, run = extra
+    env = {"DD_HEAP_SAMPLING_INTERVAL": "1"}
+    truth, raw, err, _ = run_cmd(prof, [], [plain, "{truth}", "400"], env, artifacts, "auto")
+    said = [l for l in err.splitlines() if "carries no ddheap probes: running it with" in l]
+    c.check(len(said) == 1 and said[0].endswith(f"{os.path.realpath(preload)} (--no-preload: not)"),
+            f"one line names the preload library: {err.strip()[:400]}")
+    check_plain_truth(c, truth, raw)
+    out = os.path.join(artifacts, "auto-none.pb.gz")
+    r = subprocess.run([prof, "--no-preload", "-o", out, "--", plain,
+                        os.path.join(artifacts, "auto-none.truth"), "50"],
+                       capture_output=True, text=True, timeout=TIMEOUT, env=dict(os.environ, **env))
+    c.check(r.returncode == 1 and "never mapped an object" in r.stderr and
+            "running it with" not in r.stderr and not os.path.exists(out),
+            f"--no-preload: no probes, no profile (rc {r.returncode}): {r.stderr.strip()[:300]}")
+    truth, raw, err, _ = run_cmd(prof, [], [run, plain, "{truth}", "400"], env, artifacts,
+                                 "auto-run")
+    c.check("running it with" not in err, f"ddheap-run is not preloaded twice: {err[:300]}")
+    check_plain_truth(c, truth, raw)
+    # A wrapper running a program without probes: preloaded, exact. (One
+    # running a program with probes is not: prof-exact, prof-namespace.)
+    truth, raw, err, _ = run_cmd(prof, [], ["env", "X=1", plain, "{truth}", "400"], env,
+                                 artifacts, "auto-env")
+    c.check("env carries no ddheap probes: running it with" in err,
+            f"env running a program without probes: preloaded ({err.strip()[:300]})")
+    check_plain_truth(c, truth, raw)
+    # An LD_PRELOAD the user set stays, after the library (so a preloaded
+    # allocator is the one it forwards to), as ddheap-run does.
+    theirs = "/lib/x86_64-linux-gnu/libm.so.6"
+    if os.path.exists(theirs):
+        r = subprocess.run([prof, "-o", os.path.join(artifacts, "auto-ld.pb.gz"), "--", "sh",
+                            "-c", 'echo "$LD_PRELOAD"'], capture_output=True, text=True,
+                           timeout=TIMEOUT, env=dict(os.environ, LD_PRELOAD=theirs))
+        c.equal(r.stdout.strip(), f"{os.path.realpath(preload)}:{theirs}",
+                f"the user's LD_PRELOAD after the library ({r.stderr.strip()[:200]})")
 
 
 STATUS_LINE = re.compile(r"^ddheap-prof: pid (\d+) \((\S+)\): (.*)$", re.M)
@@ -660,7 +707,7 @@ def test_inline(c, prof, workload, artifacts, extra):
             (t["alloc_bytes"], t["live_count"]), "alloc_space and inuse_objects of the site")
 
 
-TESTS = {"inline": test_inline, "sigint": test_sigint, "duration": test_duration, "preload": test_preload, "status": test_status, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
+TESTS = {"inline": test_inline, "sigint": test_sigint, "duration": test_duration, "preload": test_preload, "status": test_status, "auto-preload": test_auto_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
          "lost": test_lost, "errors": test_errors, "thread-id": test_thread_id}
 
 

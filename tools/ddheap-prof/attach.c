@@ -10,7 +10,6 @@
 #include <bpf/libbpf.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <gelf.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -242,35 +241,6 @@ static bool hook_loader(struct prof *p, pid_t pid, const struct dd_prof_object *
     return true;
 }
 
-/* The ELF interpreter (dynamic loader) named by the executable, if any. */
-static char *interpreter_of(const char *exe)
-{
-    int fd = open(exe, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || elf_version(EV_CURRENT) == EV_NONE) {
-        if (fd >= 0)
-            close(fd);
-        return NULL;
-    }
-    char *interp = NULL;
-    Elf *elf = elf_begin(fd, ELF_C_READ, NULL);
-    size_t n;
-    if (elf && elf_getphdrnum(elf, &n) == 0) {
-        for (size_t i = 0; i < n && !interp; i++) {
-            GElf_Phdr ph;
-            if (!gelf_getphdr(elf, (int)i, &ph) || ph.p_type != PT_INTERP || ph.p_filesz > 4096)
-                continue;
-            size_t len;
-            const char *raw = elf_rawfile(elf, &len);
-            if (raw && ph.p_offset + ph.p_filesz <= len)
-                interp = strndup(raw + ph.p_offset, ph.p_filesz);
-        }
-    }
-    if (elf)
-        elf_end(elf);
-    close(fd);
-    return interp;
-}
-
 /* Attaches to the libraries the dynamic loader will map for the process
  * stopped at its exec, when the loader cannot be hooked (not glibc's):
  * the loader's own `--list`, run on the same executable with the same
@@ -278,6 +248,20 @@ static char *interpreter_of(const char *exe)
  * are not mapped yet; the uprobes are placed on their files and become
  * live as the loader maps them. (The paths are those of our mount
  * namespace.) */
+struct listed {
+    struct prof *p;
+    pid_t pid;
+};
+
+static void attach_listed(const char *path, void *ctx)
+{
+    const struct listed *l = ctx;
+    struct stat st;
+    unsigned probes = stat(path, &st) == 0 ? dd_prof_elf_probes(path, -1) : 0;
+    if (probes & DD_PROF_HAS_ALLOC)
+        attach_file(l->p, l->pid, path, path, st.st_dev, st.st_ino, probes);
+}
+
 static void attach_needed_libraries(struct prof *p, pid_t pid)
 {
     char exe[PATH_MAX], link[64];
@@ -286,49 +270,11 @@ static void attach_needed_libraries(struct prof *p, pid_t pid)
     if (n <= 0)
         return;
     exe[n] = '\0';
-    char *interp = interpreter_of(exe);
+    char *interp = dd_prof_interpreter_of(exe);
     char *envbuf = NULL;
     char **env = interp ? dd_prof_environment_of(pid, &envbuf) : NULL;
-    int fds[2];
-    if (env == NULL || pipe2(fds, O_CLOEXEC) != 0) {
-        free(interp);
-        free(env);
-        free(envbuf);
-        return;
-    }
-    pid_t lister = fork();
-    if (lister == 0) {
-        dup2(fds[1], STDOUT_FILENO);
-        int null = open("/dev/null", O_WRONLY);
-        if (null >= 0)
-            dup2(null, STDERR_FILENO);
-        char *argv[] = {interp, (char *)"--list", exe, NULL};
-        execve(interp, argv, env);
-        _exit(127);
-    }
-    close(fds[1]);
-    FILE *f = lister > 0 ? fdopen(fds[0], "r") : NULL;
-    if (f == NULL)
-        close(fds[0]);
-    char *line = NULL;
-    size_t cap = 0;
-    while (f && getline(&line, &cap, f) > 0) {
-        /* "\tlibx.so => /path/libx.so (0x...)" or "\t/path/lib.so (0x...)" */
-        char *path = strstr(line, "=> ");
-        path = path ? path + 3 : line + strspn(line, " \t");
-        if (*path != '/')
-            continue;
-        path[strcspn(path, " \t\n")] = '\0';
-        struct stat st;
-        unsigned probes = stat(path, &st) == 0 ? dd_prof_elf_probes(path, -1) : 0;
-        if (probes & DD_PROF_HAS_ALLOC)
-            attach_file(p, pid, path, path, st.st_dev, st.st_ino, probes);
-    }
-    free(line);
-    if (f)
-        fclose(f);
-    if (lister > 0)
-        waitpid(lister, NULL, 0);
+    if (env != NULL)
+        dd_prof_list_libraries(interp, exe, env, attach_listed, &(struct listed){p, pid});
     free(interp);
     free(env);
     free(envbuf);
@@ -338,7 +284,7 @@ bool dd_prof_prepare_exec(struct prof *p, struct dd_prof_proc *proc)
 {
     char exe[64];
     snprintf(exe, sizeof exe, "/proc/%d/exe", (int)proc->tgid);
-    char *interp = interpreter_of(exe);
+    char *interp = dd_prof_interpreter_of(exe);
     if (interp == NULL)
         return false; /* static: all it maps is mapped */
     free(interp);

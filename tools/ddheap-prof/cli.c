@@ -26,6 +26,7 @@ static void usage(FILE *to)
           "                   [--ringbuf-kb KB] [--unwind dwarf|fp] [--stack-bytes N] [-v]\n"
           "                   [--peak FILE.pb.gz] [--every SECONDS [--max-files N]]\n"
           "                   [--report FILE] [--python on|off]\n"
+          "                   [--no-preload] [--no-inject]\n"
           "Profiles the heap of a ddheap-instrumented process; writes a gzipped pprof\n"
           "profile (default ddheap-prof.pb.gz) on Ctrl-C, after -d SECONDS, or when CMD\n"
           "exits, with the pid of each sample as its label `pid`. -f follows the\n"
@@ -50,7 +51,9 @@ static void usage(FILE *to)
           "--only GLOB: only those whose executable's path matches (fnmatch).\n"
           "With --http or --all, no file is written unless asked for (-o, --svg...).\n"
           "--max-blocks and --max-stacks cap the live blocks and stacks kept (with --all\n"
-          "1000000 and 100000 by default): samples beyond are dropped, and counted.\n",
+          "1000000 and 100000 by default): samples beyond are dropped, and counted.\n"
+          "A CMD without ddheap's probes runs under libddheap_preload.so (--no-preload:\n"
+          "not); a -p PID without them gets ddheap's agent injected (--no-inject: not).\n",
           to);
 }
 
@@ -65,7 +68,8 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
 {
     enum { OPT_SVG = 256, OPT_FOLDED, OPT_PROVIDER, OPT_VALUE, OPT_RINGBUF, OPT_UNWIND, OPT_STACK_BYTES,
            OPT_HELP, OPT_NO_FOLLOW, OPT_PEAK, OPT_EVERY, OPT_MAX_FILES, OPT_REPORT,
-           OPT_PYTHON, OPT_HTTP, OPT_ALL, OPT_MAX_BLOCKS, OPT_MAX_STACKS, OPT_ONLY };
+           OPT_PYTHON, OPT_HTTP, OPT_ALL, OPT_MAX_BLOCKS, OPT_MAX_STACKS, OPT_ONLY,
+           OPT_NO_PRELOAD, OPT_NO_INJECT };
     static const struct option longs[] = {
         {"pid", required_argument, NULL, 'p'},       {"duration", required_argument, NULL, 'd'},
         {"output", required_argument, NULL, 'o'},    {"svg", required_argument, NULL, OPT_SVG},
@@ -86,6 +90,8 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
         {"max-blocks", required_argument, NULL, OPT_MAX_BLOCKS},
         {"max-stacks", required_argument, NULL, OPT_MAX_STACKS},
         {"only", required_argument, NULL, OPT_ONLY},
+        {"no-preload", no_argument, NULL, OPT_NO_PRELOAD},
+        {"no-inject", no_argument, NULL, OPT_NO_INJECT},
         {NULL, 0, NULL, 0}};
     *o = (struct options){.out_path = "ddheap-prof.pb.gz", .provider = "ddheap",
                           .value = DD_PROF_INUSE_SPACE, .ringbuf_kb = 16384,
@@ -176,6 +182,8 @@ void dd_prof_parse_options(int argc, char **argv, struct options *o)
             *(c == OPT_MAX_BLOCKS ? &max_blocks : &max_stacks) = v;
             break;
         }
+        case OPT_NO_PRELOAD: o->no_preload = true; break;
+        case OPT_NO_INJECT: o->no_inject = true; break;
         case OPT_EVERY:
             o->files_asked = true;
             errno = 0;

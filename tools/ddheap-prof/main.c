@@ -133,6 +133,7 @@ int main(int argc, char **argv)
 
     p.child = p.opt.cmd != NULL;
     p.child_pidfd = -1;
+    p.agent_fd = -1;
     p.pid = p.opt.pid;
     if (dd_prof_setup_bpf(&p) != 0)
         return 1;
@@ -159,6 +160,8 @@ int main(int argc, char **argv)
                     strerror(errno));
             return 1;
         }
+        if (dd_prof_inject_agent(&p, target) != 0)
+            return 1;
         if (p.nattached == 0) {
             fprintf(stderr, "ddheap-prof: process %d has no %s:alloc probe in any object it "
                             "maps (is it linked with libddheap, or run with "
@@ -190,6 +193,7 @@ int main(int argc, char **argv)
         /* (Served on after its end: its status is still the one to pass
          * on when the server is stopped.) */
         rc = command_status(&p, child_status);
+    dd_prof_release_agent(&p);
     dd_prof_http_stop(&p);
     if (p.table.dropped)
         fprintf(stderr, "ddheap-prof: %" PRIu64 " samples were dropped at the caps (--max-blocks "

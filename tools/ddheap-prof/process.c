@@ -119,6 +119,7 @@ void dd_prof_record_signals(void)
  * writes its errno to a second pipe that the exec closes otherwise. */
 int dd_prof_start_command(struct prof *p)
 {
+    const char *preload = dd_prof_preload_for(&p->opt);
     int go[2], err[2];
     if (pipe2(go, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
         perror("ddheap-prof: pipe");
@@ -136,6 +137,8 @@ int dd_prof_start_command(struct prof *p)
         sigaction(SIGPIPE, &original_sigpipe, NULL);
         if (read(go[0], &byte, 1) != 1)
             _exit(127);
+        if (preload != NULL)
+            dd_prof_add_preload(preload);
         execvp(p->opt.cmd[0], p->opt.cmd);
         int e = errno;
         if (write(err[1], &e, sizeof e) != (ssize_t)sizeof e)

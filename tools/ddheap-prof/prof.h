@@ -5,6 +5,9 @@
  *   cli.c      the command line
  *   process.c  starting the command, following it, letting it go
  *   attach.c   finding the objects with probes and attaching to them
+ *   needed.c   what the loader maps for an executable (PT_INTERP, --list)
+ *   preload.c  a command without probes run under libddheap_preload.so
+ *   agent.c    -p PID without probes: ddheap's agent injected (inject.c)
  *   loop.c     the BPF side and the event loop that feeds the table
  *   output.c   writing the files: the profile, folded stacks, flame graph
  *   timeline.c the heap over time: the peak, snapshots (--every, SIGUSR1)
@@ -60,6 +63,8 @@ struct options {
      * unless asked for. */
     bool files_asked;
     size_t max_live, max_stacks; /* --max-blocks, --max-stacks (0: none) */
+    bool no_preload;     /* --no-preload: CMD runs as it is, probes or not */
+    bool no_inject;      /* --no-inject: -p PID without probes is refused */
 };
 
 /* The numbered snapshots of a run (timeline.c). */
@@ -162,6 +167,7 @@ struct prof {
     struct snapshots snaps;
     struct dd_prof_http *http;   /* --http's server, NULL without */
     struct dd_prof_host *host;   /* --all's discovery, NULL without */
+    int agent_fd; /* closing it detaches the injected agent; -1: none */
 };
 
 /* The outputs of the end, created before anything is attached (each a
@@ -211,6 +217,33 @@ uint64_t dd_prof_interval_of(pid_t pid);
  * read now; said once per kind by dd_prof_report_library_status. */
 void dd_prof_read_library_status(struct prof *p, struct dd_prof_proc *proc);
 void dd_prof_report_library_status(struct prof *p);
+
+/* needed.c */
+/* The executable's PT_INTERP (malloc'ed), NULL if none (static) or unreadable. */
+char *dd_prof_interpreter_of(const char *exe);
+/* Runs the loader `interp --list exe` with the environment env and calls
+ * each() with the path of every library it names. */
+void dd_prof_list_libraries(const char *interp, const char *exe, char **env,
+                            void (*each)(const char *path, void *ctx), void *ctx);
+
+/* preload.c */
+enum dd_prof_library { DD_PROF_PRELOAD_LIB, DD_PROF_AGENT_LIB };
+/* The path of one of ddheap's libraries for this ddheap-prof (its build
+ * tree's, the installed one's, or the environment's override). */
+const char *dd_prof_library(enum dd_prof_library which);
+/* Before starting -- CMD: the preload library to run it with when neither
+ * it nor what it starts with carries probes (one line says so), else NULL. */
+const char *dd_prof_preload_for(const struct options *o);
+/* In the child before its exec: lib goes into LD_PRELOAD. */
+void dd_prof_add_preload(const char *lib);
+
+/* agent.c */
+/* After the first rescan of -p PID: if no object but an agent carries
+ * probes, injects the agent (refused with --no-inject) and attaches to it.
+ * Returns 0 (nothing to do, or injected), -1 (message printed). */
+int dd_prof_inject_agent(struct prof *p, struct dd_prof_proc *proc);
+/* The agent detaches (at once: the end of the run). */
+void dd_prof_release_agent(struct prof *p);
 
 /* attach.c */
 /* Rescans the maps of the process and attaches to every object with
