@@ -193,10 +193,15 @@ static void apply_event(struct prof *p, uint32_t type, const struct dd_prof_samp
  * than the horizon; the rest stay. */
 static void apply_deferred(struct prof *p)
 {
+    if (p->ndeferred == 0 || p->deferred_first_ns > p->horizon_ns)
+        return; /* nothing kept is due yet */
     size_t kept = 0;
+    uint64_t first = UINT64_MAX;
     for (size_t i = 0; i < p->ndeferred; i++) {
         struct deferred_event *d = &p->deferred[i];
         if (d->sample.ts_ns > p->horizon_ns) {
+            if (d->sample.ts_ns < first)
+                first = d->sample.ts_ns;
             p->deferred[kept++] = *d;
             continue;
         }
@@ -204,6 +209,7 @@ static void apply_deferred(struct prof *p)
         free(d->frames);
     }
     p->ndeferred = kept;
+    p->deferred_first_ns = first;
 }
 
 /* Keeps an event stamped after the horizon for a later consume. */
@@ -227,6 +233,8 @@ static void defer_event(struct prof *p, uint32_t type, const struct dd_prof_samp
     }
     memcpy(copy, frames, n * sizeof *frames);
     p->deferred[p->ndeferred++] = (struct deferred_event){*sample, type, n, copy};
+    if (p->ndeferred == 1 || sample->ts_ns < p->deferred_first_ns)
+        p->deferred_first_ns = sample->ts_ns;
 }
 
 /* An allocation or free event. The live heap is a sum over processes, so
@@ -279,8 +287,7 @@ static int on_event(void *ctx, void *data, size_t size)
     p->event_bytes += size;
     if (size < sizeof *h)
         return 0;
-    if (p->ndeferred > 0)
-        apply_deferred(p);
+    apply_deferred(p); /* scans only when a kept event is due */
     struct dd_prof_sample sample = {.ptr = h->ptr, .ts_ns = h->ts_ns, .tgid = h->tgid};
     uint64_t frames[DD_PROF_MAX_MERGED];
     uint32_t n = 0;

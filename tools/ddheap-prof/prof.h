@@ -152,6 +152,10 @@ struct prof {
         uint64_t *frames;
     } *deferred;
     size_t ndeferred, deferred_cap;
+    /* The earliest stamp among them (UINT64_MAX: none): while it is past
+     * the horizon, no kept event is due, and an event read need not scan
+     * them (a flood of events kept back made each read scan all of them). */
+    uint64_t deferred_first_ns;
     struct dd_prof_unwind_stats unwind_stats; /* of every process's session (-v) */
     uint64_t event_bytes, events;      /* read from the ring buffer (-v) */
     struct bpf_link *tracepoint_links[3]; /* fork, exec, exit */
