@@ -15,9 +15,11 @@ only when not root, and fails when go is missing. Ends with
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from harness import Failure, run_checks
@@ -389,8 +391,87 @@ def test_outputs(c, prof, artifacts, extra):
         shutil.rmtree(where, ignore_errors=True)
 
 
+def test_output_targets(c, prof, artifacts, extra):
+    """-o onto what is not a new regular file: a character device (made
+    with mknod: /dev/null's numbers) and a FIFO are written through, never
+    replaced; a symlink (and a dangling one) has its target written, in
+    the target's directory, and stays a link; an immutable file is refused
+    at the start with a non-zero exit, its name, no "wrote", and is left
+    as it was. No temporary file is left anywhere."""
+    (forker,) = extra
+    where = tempfile.mkdtemp(prefix="ddheap-follow-targets-", dir=artifacts)
+    other = os.path.join(where, "other")
+    os.mkdir(other)
+    immutable = os.path.join(where, "immutable.pb.gz")
+    try:
+        def profile(out):
+            return run(prof, ["-o", out, "--", forker, "2", "0"],
+                       {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+
+        def wrote(r, name):
+            return r.returncode == 0 and f"ddheap-prof: wrote {name} (" in r.stderr
+
+        device = os.path.join(where, "null")
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        r = profile(device)
+        c.check(wrote(r, device), f"a character device: written ({r.stderr.strip()[-200:]!r})")
+        c.check(stat.S_ISCHR(os.lstat(device).st_mode), "the device is still a device")
+
+        fifo = os.path.join(where, "fifo")
+        os.mkfifo(fifo)
+        got = {}
+        reader = threading.Thread(target=lambda: got.update(data=open(fifo, "rb").read()))
+        reader.start()
+        r = profile(fifo)
+        if reader.is_alive():  # ddheap-prof failed before opening it: unblock the reader
+            os.close(os.open(fifo, os.O_WRONLY))
+        reader.join()
+        copy = os.path.join(artifacts, "targets-fifo.pb.gz")
+        with open(copy, "wb") as f:
+            f.write(got.get("data", b""))
+        c.check(wrote(r, fifo), f"a FIFO: written ({r.stderr.strip()[-200:]!r})")
+        c.check(stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO is still a FIFO")
+        c.check(len(traces(copy, "alloc_space")) > 0, "what came through the FIFO is the profile")
+
+        for name, dest in (("link", "kept.pb.gz"), ("dangling", "new.pb.gz")):
+            link = os.path.join(where, name)
+            target = os.path.join(other, dest)
+            if name == "link":
+                with open(target, "w") as f:
+                    f.write("old\n")
+            os.symlink(os.path.join("other", dest), link)
+            r = profile(link)
+            c.check(wrote(r, link), f"a {name} symlink: written ({r.stderr.strip()[-200:]!r})")
+            c.check(os.path.islink(link) and os.readlink(link) == os.path.join("other", dest),
+                    f"the {name} symlink is still the same link")
+            c.check(os.path.isfile(target) and len(traces(target, "alloc_space")) > 0,
+                    f"its target {dest} holds the profile")
+
+        with open(immutable, "w") as f:
+            f.write("old\n")
+        chattr = subprocess.run(["chattr", "+i", immutable], capture_output=True, text=True)
+        if chattr.returncode != 0:
+            raise Failure(f"chattr +i failed: {chattr.stderr.strip()}")
+        r = profile(immutable)
+        c.check(r.returncode != 0 and f"cannot write {immutable}" in r.stderr and
+                "wrote" not in r.stderr,
+                f"an immutable file: refused, exit {r.returncode}, {r.stderr.strip()[-200:]!r}")
+        with open(immutable) as f:
+            c.equal(f.read(), "old\n", "the immutable file is as it was")
+        c.equal(sorted(os.listdir(where)),
+                ["dangling", "fifo", "immutable.pb.gz", "link", "null", "other"],
+                "no temporary file left beside the outputs")
+        c.equal(sorted(os.listdir(other)), ["kept.pb.gz", "new.pb.gz"],
+                "no temporary file left beside the symlinks' targets")
+    finally:
+        if os.path.exists(immutable):
+            subprocess.run(["chattr", "-i", immutable], capture_output=True)
+        shutil.rmtree(where, ignore_errors=True)
+
+
 TESTS = {"follow": test_follow, "pid-follow": test_pid_follow, "git": test_git, "signals": test_signals,
-         "namespace": test_namespace, "deleted": test_deleted, "outputs": test_outputs}
+         "namespace": test_namespace, "deleted": test_deleted, "outputs": test_outputs,
+         "output-targets": test_output_targets}
 
 
 def main():

@@ -307,6 +307,10 @@ void dd_prof_open_outputs(const struct options *o, struct outputs *f);
 int dd_prof_write_outputs(struct prof *p, struct outputs *f);
 /* Removes the temporary files of outputs not written. */
 void dd_prof_discard_outputs(void);
+/* What to say after "wrote PATH" once the pending output PATH (the very
+ * pointer given to dd_prof_open_outputs) has its name; nothing is said of
+ * an output that is not published. */
+void dd_prof_announce_output(const char *path, const char *detail);
 /* One complete profile of table t (the run's, or a view of it) to out,
  * the temporary file of path. note (may be NULL) is one more comment.
  * Returns 0 or -1. */
