@@ -60,6 +60,11 @@ def per_pid(samples):
     return sums
 
 
+def parent_pid(truth):
+    """The pid of the forker's parent process in its output's truth."""
+    return next((pid for pid, (site, _, _) in truth.items() if site == "site_parent"), None)
+
+
 def run(prof, args, env=None, **kw):
     return subprocess.run([prof] + args, capture_output=True, text=True, timeout=TIMEOUT,
                           env={**os.environ, **(env or {})}, **kw)
@@ -98,6 +103,19 @@ def test_follow(c, prof, artifacts, extra):
         c.equal((space.get(pid, 0), objects.get(pid, 0)), (nbytes, n),
                 f"{site}: alloc_space and alloc_objects under pid label {pid}")
     c.check(set(space) == set(truth), f"only those pids carry samples: {sorted(space)}")
+    # Each sample names its process's command: comm and the executable's
+    # path (the exec'd child runs the same file, as /proc/self/exe).
+    forker_real = os.path.realpath(forker)
+    commands = {int(labels.get("pid", -1)): (labels.get("comm"), labels.get("exe"))
+                for labels, _, _ in traces(pb, "alloc_space")}
+    for pid, (site, _, _) in truth.items():
+        comm, exe = commands.get(pid, (None, None))
+        c.equal(exe, forker_real, f"{site}: label exe")
+        c.check(comm in ("prof-forker", "exe"), f"{site}: label comm is the kernel's ({comm})")
+    c.equal(commands.get(parent_pid(truth), (None,))[0], "prof-forker",
+            "the parent's comm is its program's name")
+    c.check(re.search(r"sampled allocations by command: .*prof-forker \d+", r.stderr) is not None,
+            f"stderr names the commands ({r.stderr.strip()[-300:]!r})")
     c.equal(per_pid(traces(peak, "inuse_space")), {pid: b for pid, (_, b, _) in truth.items()},
             "--peak: the peak of all the processes together, each under its pid label")
     c.equal({pid: v for pid, v in per_pid(traces(pb, "inuse_space")).items() if v},
@@ -106,8 +124,8 @@ def test_follow(c, prof, artifacts, extra):
     with open(report) as f:
         text = f.read()
     c.check(f"processes: {len(truth)}" in text and
-            all(f"[pid {pid}]" in text for pid in truth),
-            f"--report: each site's process named ({sorted(truth)})")
+            all(f"[pid {pid} {commands.get(pid, ('?',))[0]}]" in text for pid in truth),
+            f"--report: each site's process and command named ({sorted(truth)})")
     for pid, (site, nbytes, _) in truth.items():
         if site != "site_parent":
             c.check(re.search(rf"^pid {pid} \(.*\): .* at exit$", text, re.M) is not None,

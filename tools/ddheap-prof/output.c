@@ -417,11 +417,12 @@ static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
     if (p->opt.all)
         snprintf(c_what, sizeof c_what,
                  "ddheap-prof: every process with probes on the host (--all), processes %zu "
-                 "(label pid), provider %s, interval %" PRIu64,
+                 "(labels pid, comm, exe), provider %s, interval %" PRIu64,
                  p->proc_ids.n, p->opt.provider, p->interval);
     else
         snprintf(c_what, sizeof c_what,
-                 "ddheap-prof: pid %d, processes %zu (label pid), provider %s, interval %" PRIu64,
+                 "ddheap-prof: pid %d, processes %zu (labels pid, comm, exe), provider %s, "
+                 "interval %" PRIu64,
                  (int)p->pid, p->proc_ids.n, p->opt.provider, p->interval);
     snprintf(c_lost, sizeof c_lost,
              "ddheap-prof: lost events: %" PRIu64 " (alloc %" PRIu64 ", free %" PRIu64
@@ -449,19 +450,28 @@ static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
     if (empty)
         comments[ncomments++] = empty;
 
+    struct dd_prof_command *commands = calloc(p->proc_ids.n + 1, sizeof *commands);
     struct symbolised own, *s = built ? built : &own;
-    if (built == NULL && symbolise(p, t, &own) != 0)
+    if (commands == NULL || (built == NULL && symbolise(p, t, &own) != 0)) {
+        free(commands);
         return -1;
+    }
+    for (size_t i = 0; i < p->proc_ids.n; i++)
+        commands[i] = (struct dd_prof_command){(uint32_t)p->procs[i].tgid, p->procs[i].comm,
+                                               p->procs[i].exe};
     int64_t from = served ? served->from_mono_ns : p->started_mono;
     struct dd_prof_meta meta = {.time_nanos = p->started_realtime + (from - p->started_mono),
                                 .duration_nanos = at_mono_ns - from,
                                 .period = (int64_t)p->interval,
                                 .comments = comments,
                                 .ncomments = ncomments,
-                                .alloc_first = served && served->alloc_first};
+                                .alloc_first = served && served->alloc_first,
+                                .commands = commands,
+                                .ncommands = p->proc_ids.n};
     int rc = dd_prof_write_pprof(out, path, &s->r, &s->all, &meta);
     if (built == NULL)
         symbolised_free(&own);
+    free(commands);
     return rc;
 }
 
@@ -654,6 +664,60 @@ static void report_costs(const struct prof *p)
             dd_prof_files_count(), cpu, 1e3 * cpu / (double)p->proc_ids.n);
 }
 
+/* The samples of one command (comm) over the processes that ran it. */
+struct command_total {
+    const char *comm;
+    uint64_t samples;
+    size_t processes;
+    pid_t pid; /* the first of them */
+};
+
+static int by_samples(const void *a, const void *b)
+{
+    const struct command_total *x = a, *y = b;
+    return (x->samples < y->samples) - (x->samples > y->samples);
+}
+
+/* One line naming what ran, by sampled allocations: a run's processes are
+ * told apart by their commands (comm), not by their pids. */
+static void say_commands(const struct prof *p)
+{
+    enum { SHOWN = 8 };
+    size_t n = 0;
+    struct command_total *v = calloc(p->proc_ids.n + 1, sizeof *v);
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i < p->proc_ids.n; i++) {
+        const struct dd_prof_proc *proc = &p->procs[i];
+        const char *comm = proc->comm ? proc->comm : "?";
+        if (proc->samples == 0)
+            continue;
+        size_t k = 0;
+        while (k < n && strcmp(v[k].comm, comm) != 0)
+            k++;
+        if (k == n)
+            v[n++] = (struct command_total){comm, 0, 0, proc->tgid};
+        v[k].samples += proc->samples;
+        v[k].processes++;
+    }
+    qsort(v, n, sizeof *v, by_samples);
+    if (n > 0)
+        fprintf(stderr, "ddheap-prof: sampled allocations by command:");
+    for (size_t k = 0; k < n && k < SHOWN; k++) {
+        if (v[k].processes == 1)
+            fprintf(stderr, "%s %s %" PRIu64 " (pid %d)", k ? "," : "", v[k].comm, v[k].samples,
+                    (int)v[k].pid);
+        else
+            fprintf(stderr, "%s %s %" PRIu64 " (%zu processes)", k ? "," : "", v[k].comm,
+                    v[k].samples, v[k].processes);
+    }
+    if (n > SHOWN)
+        fprintf(stderr, ", and %zu more commands", n - SHOWN);
+    if (n > 0)
+        fputc('\n', stderr);
+    free(v);
+}
+
 static int write_all(struct prof *p, const struct outputs *f)
 {
     dd_prof_apply_exits(p); /* those read after the loop (dd_prof_let_go) */
@@ -671,6 +735,7 @@ static int write_all(struct prof *p, const struct outputs *f)
             "ddheap-prof: alloc events %" PRIu64 ", free events %" PRIu64 " (%" PRIu64
             " of blocks not seen allocated), live sampled blocks %zu\n",
             p->table.allocs, p->table.frees, p->table.unmatched_frees, p->table.nlive);
+    say_commands(p);
     if (lost_alloc + lost_free)
         fprintf(stderr, "ddheap-prof: LOST %" PRIu64 " events (alloc %" PRIu64 ", free %" PRIu64
                         "): the ring buffer was full; raise --ringbuf-kb (now %lu)\n",
