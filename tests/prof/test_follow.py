@@ -65,6 +65,14 @@ def parent_pid(truth):
     return next((pid for pid, (site, _, _) in truth.items() if site == "site_parent"), None)
 
 
+def kill_running(*procs):
+    """Kills and reaps those of the processes (None allowed) still running."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def run(prof, args, env=None, **kw):
     return subprocess.run([prof] + args, capture_output=True, text=True, timeout=TIMEOUT,
                           env={**os.environ, **(env or {})}, **kw)
@@ -172,10 +180,7 @@ def test_pid_follow(c, prof, artifacts, extra):
             c.equal(w.wait(timeout=TIMEOUT), 0, f"{what}: the program's exit status")
             c.equal(p.wait(timeout=TIMEOUT), 0, f"{what}: ddheap-prof's exit status")
         finally:
-            for proc in (w, p):
-                if proc is not None and proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            kill_running(w, p)
         truth = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
             r"pid (\d+) site \S+ alloc_bytes (\d+)", out)}
         want = truth if follow else {w.pid: truth.get(w.pid)}
@@ -354,10 +359,7 @@ def test_deleted(c, prof, artifacts, extra):
         c.equal(w.wait(timeout=TIMEOUT), 0, "the program's exit status")
         c.equal(p.wait(timeout=TIMEOUT), 0, "ddheap-prof's exit status (it ends with the process)")
     finally:
-        for proc in (w, p):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        kill_running(w, p)
         shutil.rmtree(where, ignore_errors=True)
     check_plugin(c, pb, lines, library, "deleted library")
 
