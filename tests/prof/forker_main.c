@@ -3,8 +3,9 @@
  * 'follow'): a parent that allocates, forks a child that allocates without
  * exec'ing, forks another that execs this program again as a child image
  * that allocates, waits for both, and exits with the status it was given.
- * The forked child exits only after the exec'd one has: all three hold
- * their blocks at once then, which is the peak.
+ * The exec'd child is made once the forked one holds its blocks, and the
+ * forked child exits only after the exec'd one has: all three hold their
+ * blocks at once then, which is the peak.
  * Each process prints its pid and its site's truth (at DD_HEAP_SAMPLING_
  * INTERVAL=1 the profile must hold exactly that, under that pid).
  *
@@ -76,18 +77,22 @@ int main(int argc, char **argv)
      * call to a trampoline page after its first hit, and a child forked
      * after that inherits the call but not the page (SIGSEGV at the
      * probe, with or without ddheap-prof following it). */
-    int go[2], done[2];
-    if (pipe(go) != 0 || pipe(done) != 0)
+    int go[2], done[2], held[2];
+    if (pipe(go) != 0 || pipe(done) != 0 || pipe(held) != 0)
         return 2;
     pid_t forked = fork();
     if (forked == 0) {
         char byte;
         close(go[1]);
         close(done[1]);
+        close(held[0]);
         if (read(go[0], &byte, 1) != 1)
             _exit(2);
         void *mine = site_forked_child(count);
         print_site("site_forked_child", 2000, count);
+        /* Its blocks are held: the exec'd child may come. */
+        if (write(held[1], "h", 1) != 1)
+            _exit(2);
         /* Until the parent has seen the exec'd child exit (end of file). */
         while (read(done[0], &byte, 1) > 0)
             ;
@@ -95,9 +100,11 @@ int main(int argc, char **argv)
     }
     close(go[0]);
     close(done[0]);
+    close(held[1]);
     void *kept = site_parent(count);
     print_site("site_parent", 1000, count);
-    if (write(go[1], "g", 1) != 1)
+    char byte;
+    if (write(go[1], "g", 1) != 1 || read(held[0], &byte, 1) != 1)
         return 2;
     pid_t execed = fork();
     if (execed == 0) {

@@ -15,9 +15,11 @@ only when not root, and fails when go is missing. Ends with
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from harness import Failure, run_checks
@@ -58,6 +60,19 @@ def per_pid(samples):
     return sums
 
 
+def parent_pid(truth):
+    """The pid of the forker's parent process in its output's truth."""
+    return next((pid for pid, (site, _, _) in truth.items() if site == "site_parent"), None)
+
+
+def kill_running(*procs):
+    """Kills and reaps those of the processes (None allowed) still running."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def run(prof, args, env=None, **kw):
     return subprocess.run([prof] + args, capture_output=True, text=True, timeout=TIMEOUT,
                           env={**os.environ, **(env or {})}, **kw)
@@ -96,6 +111,19 @@ def test_follow(c, prof, artifacts, extra):
         c.equal((space.get(pid, 0), objects.get(pid, 0)), (nbytes, n),
                 f"{site}: alloc_space and alloc_objects under pid label {pid}")
     c.check(set(space) == set(truth), f"only those pids carry samples: {sorted(space)}")
+    # Each sample names its process's command: comm and the executable's
+    # path (the exec'd child runs the same file, as /proc/self/exe).
+    forker_real = os.path.realpath(forker)
+    commands = {int(labels.get("pid", -1)): (labels.get("comm"), labels.get("exe"))
+                for labels, _, _ in traces(pb, "alloc_space")}
+    for pid, (site, _, _) in truth.items():
+        comm, exe = commands.get(pid, (None, None))
+        c.equal(exe, forker_real, f"{site}: label exe")
+        c.check(comm in ("prof-forker", "exe"), f"{site}: label comm is the kernel's ({comm})")
+    c.equal(commands.get(parent_pid(truth), (None,))[0], "prof-forker",
+            "the parent's comm is its program's name")
+    c.check(re.search(r"sampled allocations by command: .*prof-forker \d+", r.stderr) is not None,
+            f"stderr names the commands ({r.stderr.strip()[-300:]!r})")
     c.equal(per_pid(traces(peak, "inuse_space")), {pid: b for pid, (_, b, _) in truth.items()},
             "--peak: the peak of all the processes together, each under its pid label")
     c.equal({pid: v for pid, v in per_pid(traces(pb, "inuse_space")).items() if v},
@@ -104,8 +132,8 @@ def test_follow(c, prof, artifacts, extra):
     with open(report) as f:
         text = f.read()
     c.check(f"processes: {len(truth)}" in text and
-            all(f"[pid {pid}]" in text for pid in truth),
-            f"--report: each site's process named ({sorted(truth)})")
+            all(f"[pid {pid} {commands.get(pid, ('?',))[0]}]" in text for pid in truth),
+            f"--report: each site's process and command named ({sorted(truth)})")
     for pid, (site, nbytes, _) in truth.items():
         if site != "site_parent":
             c.check(re.search(rf"^pid {pid} \(.*\): .* at exit$", text, re.M) is not None,
@@ -152,10 +180,7 @@ def test_pid_follow(c, prof, artifacts, extra):
             c.equal(w.wait(timeout=TIMEOUT), 0, f"{what}: the program's exit status")
             c.equal(p.wait(timeout=TIMEOUT), 0, f"{what}: ddheap-prof's exit status")
         finally:
-            for proc in (w, p):
-                if proc is not None and proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            kill_running(w, p)
         truth = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
             r"pid (\d+) site \S+ alloc_bytes (\d+)", out)}
         want = truth if follow else {w.pid: truth.get(w.pid)}
@@ -334,10 +359,7 @@ def test_deleted(c, prof, artifacts, extra):
         c.equal(w.wait(timeout=TIMEOUT), 0, "the program's exit status")
         c.equal(p.wait(timeout=TIMEOUT), 0, "ddheap-prof's exit status (it ends with the process)")
     finally:
-        for proc in (w, p):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        kill_running(w, p)
         shutil.rmtree(where, ignore_errors=True)
     check_plugin(c, pb, lines, library, "deleted library")
 
@@ -389,8 +411,87 @@ def test_outputs(c, prof, artifacts, extra):
         shutil.rmtree(where, ignore_errors=True)
 
 
+def test_output_targets(c, prof, artifacts, extra):
+    """-o onto what is not a new regular file: a character device (made
+    with mknod: /dev/null's numbers) and a FIFO are written through, never
+    replaced; a symlink (and a dangling one) has its target written, in
+    the target's directory, and stays a link; an immutable file is refused
+    at the start with a non-zero exit, its name, no "wrote", and is left
+    as it was. No temporary file is left anywhere."""
+    (forker,) = extra
+    where = tempfile.mkdtemp(prefix="ddheap-follow-targets-", dir=artifacts)
+    other = os.path.join(where, "other")
+    os.mkdir(other)
+    immutable = os.path.join(where, "immutable.pb.gz")
+    try:
+        def profile(out):
+            return run(prof, ["-o", out, "--", forker, "2", "0"],
+                       {"DD_HEAP_SAMPLING_INTERVAL": "1"})
+
+        def wrote(r, name):
+            return r.returncode == 0 and f"ddheap-prof: wrote {name} (" in r.stderr
+
+        device = os.path.join(where, "null")
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        r = profile(device)
+        c.check(wrote(r, device), f"a character device: written ({r.stderr.strip()[-200:]!r})")
+        c.check(stat.S_ISCHR(os.lstat(device).st_mode), "the device is still a device")
+
+        fifo = os.path.join(where, "fifo")
+        os.mkfifo(fifo)
+        got = {}
+        reader = threading.Thread(target=lambda: got.update(data=open(fifo, "rb").read()))
+        reader.start()
+        r = profile(fifo)
+        if reader.is_alive():  # ddheap-prof failed before opening it: unblock the reader
+            os.close(os.open(fifo, os.O_WRONLY))
+        reader.join()
+        copy = os.path.join(artifacts, "targets-fifo.pb.gz")
+        with open(copy, "wb") as f:
+            f.write(got.get("data", b""))
+        c.check(wrote(r, fifo), f"a FIFO: written ({r.stderr.strip()[-200:]!r})")
+        c.check(stat.S_ISFIFO(os.lstat(fifo).st_mode), "the FIFO is still a FIFO")
+        c.check(len(traces(copy, "alloc_space")) > 0, "what came through the FIFO is the profile")
+
+        for name, dest in (("link", "kept.pb.gz"), ("dangling", "new.pb.gz")):
+            link = os.path.join(where, name)
+            target = os.path.join(other, dest)
+            if name == "link":
+                with open(target, "w") as f:
+                    f.write("old\n")
+            os.symlink(os.path.join("other", dest), link)
+            r = profile(link)
+            c.check(wrote(r, link), f"a {name} symlink: written ({r.stderr.strip()[-200:]!r})")
+            c.check(os.path.islink(link) and os.readlink(link) == os.path.join("other", dest),
+                    f"the {name} symlink is still the same link")
+            c.check(os.path.isfile(target) and len(traces(target, "alloc_space")) > 0,
+                    f"its target {dest} holds the profile")
+
+        with open(immutable, "w") as f:
+            f.write("old\n")
+        chattr = subprocess.run(["chattr", "+i", immutable], capture_output=True, text=True)
+        if chattr.returncode != 0:
+            raise Failure(f"chattr +i failed: {chattr.stderr.strip()}")
+        r = profile(immutable)
+        c.check(r.returncode != 0 and f"cannot write {immutable}" in r.stderr and
+                "wrote" not in r.stderr,
+                f"an immutable file: refused, exit {r.returncode}, {r.stderr.strip()[-200:]!r}")
+        with open(immutable) as f:
+            c.equal(f.read(), "old\n", "the immutable file is as it was")
+        c.equal(sorted(os.listdir(where)),
+                ["dangling", "fifo", "immutable.pb.gz", "link", "null", "other"],
+                "no temporary file left beside the outputs")
+        c.equal(sorted(os.listdir(other)), ["kept.pb.gz", "new.pb.gz"],
+                "no temporary file left beside the symlinks' targets")
+    finally:
+        if os.path.exists(immutable):
+            subprocess.run(["chattr", "-i", immutable], capture_output=True)
+        shutil.rmtree(where, ignore_errors=True)
+
+
 TESTS = {"follow": test_follow, "pid-follow": test_pid_follow, "git": test_git, "signals": test_signals,
-         "namespace": test_namespace, "deleted": test_deleted, "outputs": test_outputs}
+         "namespace": test_namespace, "deleted": test_deleted, "outputs": test_outputs,
+         "output-targets": test_output_targets}
 
 
 def main():

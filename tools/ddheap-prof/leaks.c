@@ -98,8 +98,15 @@ static void put_site(FILE *out, const struct prof *p, const struct dd_prof_repor
         fputs("[unknown]", out);
     if (s->n > 0 && shown == 4)
         fputs(" < ...", out);
-    if (p->proc_ids.n > 1)
-        fprintf(out, " [pid %" PRIu32 "]", s->stack->tgid);
+    if (p->proc_ids.n > 1) {
+        pid_t tgid = (pid_t)s->stack->tgid;
+        const struct dd_prof_proc *proc = NULL;
+        for (size_t k = 0; k < p->proc_ids.n && proc == NULL; k++)
+            if (p->procs[k].tgid == tgid)
+                proc = &p->procs[k];
+        fprintf(out, " [pid %d%s%s]", (int)tgid, proc && proc->comm ? " " : "",
+                proc && proc->comm ? proc->comm : "");
+    }
 }
 
 static int by_old_space(const void *a, const void *b)

@@ -58,7 +58,7 @@ static void free_run(struct prof *p)
     for (size_t i = 0; i < p->proc_ids.n; i++) {
         dd_prof_objects_free(&p->procs[i].objs);
         dd_prof_interp_free(p->procs[i].interp);
-        free(p->procs[i].name);
+        dd_prof_proc_free_names(&p->procs[i]);
     }
     dd_prof_interp_names_free();
     free(p->procs);

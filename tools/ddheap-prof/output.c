@@ -9,9 +9,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -36,23 +38,42 @@
  * temporary files: no empty or half-written file is ever left under an
  * output's name, and a reader never sees half a snapshot.
  *
+ * What the path names decides where that happens (docs/ddheap-prof.md,
+ * "Outputs"): a symlink is followed to the file at the end of its chain,
+ * dangling or not, and that file is the one replaced, in its own
+ * directory (the link stays); an existing file that is not a regular one
+ * (a device, a FIFO) is never replaced: the output is built in memory and
+ * written through it once complete, as a shell's redirection would. An
+ * existing regular file must be writable (an immutable one is refused at
+ * the start, before anything runs). "wrote" is said only once the file
+ * has its name (or its data went through).
+ *
  * Pending at once: the outputs of the end (-o, --svg, --folded, --peak,
  * --report), created before anything is attached and renamed together at
  * the end; and while a snapshot is written, its profile and flame graph,
  * each renamed as soon as it is complete. */
 enum { MAX_OUTPUTS = 7 };
 static struct pending {
-    char *tmp;
-    const char *path;
+    bool used;
+    const char *path; /* as given */
+    char *target;     /* the file written: path, or where its symlinks lead */
+    char *tmp;        /* the temporary file renamed onto target; NULL when ... */
+    int through_fd;   /* ... target is a device or FIFO: the data, in memory */
+    char *wrote;      /* what to say once published (dd_prof_announce_output) */
 } pending[MAX_OUTPUTS];
 
 static void discard(struct pending *o)
 {
-    if (o->tmp) {
+    if (!o->used)
+        return;
+    if (o->tmp)
         unlink(o->tmp);
-        free(o->tmp);
-        o->tmp = NULL;
-    }
+    if (o->through_fd >= 0)
+        close(o->through_fd);
+    free(o->tmp);
+    free(o->target);
+    free(o->wrote);
+    *o = (struct pending){.through_fd = -1};
 }
 
 void dd_prof_discard_outputs(void)
@@ -61,56 +82,191 @@ void dd_prof_discard_outputs(void)
         discard(&pending[i]);
 }
 
+/* The file path names: path itself, or the end of its chain of symlinks
+ * (which may not exist yet). NULL (errno set) for a loop or a bad link. */
+static char *follow_symlinks(const char *path)
+{
+    char *at = strdup(path);
+    for (int depth = 0; at != NULL && depth < 40; depth++) {
+        struct stat st;
+        if (lstat(at, &st) != 0 || !S_ISLNK(st.st_mode))
+            return at;
+        char link[PATH_MAX];
+        ssize_t n = readlink(at, link, sizeof link - 1);
+        char *next = NULL;
+        if (n > 0) {
+            link[n] = '\0';
+            /* A relative link is relative to the link's directory. */
+            const char *slash = strrchr(at, '/');
+            int dir_len = link[0] == '/' || slash == NULL ? 0 : (int)(slash - at + 1);
+            if (asprintf(&next, "%.*s%s", dir_len, at, link) < 0)
+                next = NULL;
+        }
+        free(at);
+        at = next;
+    }
+    if (at != NULL) {
+        free(at);
+        errno = ELOOP;
+    }
+    return NULL;
+}
+
+/* Whether an existing file can be written. A regular file is opened
+ * (which changes nothing: no O_TRUNC): an immutable or read-only one says
+ * EPERM, EACCES or EROFS. Anything else is only asked about: opening a
+ * FIFO would end the stream of a reader already waiting on it. */
+static bool writable(const char *target, bool regular)
+{
+    if (!regular)
+        return faccessat(AT_FDCWD, target, W_OK, AT_EACCESS) == 0;
+    int fd = open(target, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return false;
+    close(fd);
+    return true;
+}
+
+/* Opens the temporary file of o (regular target) or its in-memory copy
+ * (device, FIFO) into *f. -1 with errno on failure. */
+static int open_pending_file(struct pending *o, bool through, FILE **f)
+{
+    int fd;
+    if (through) {
+        fd = memfd_create("ddheap-prof-output", MFD_CLOEXEC);
+        o->through_fd = fd >= 0 ? dup(fd) : -1;
+        if (o->through_fd < 0 && fd >= 0) {
+            close(fd);
+            fd = -1;
+        }
+    } else {
+        const char *slash = strrchr(o->target, '/');
+        int dir_len = slash ? (int)(slash - o->target + 1) : 0;
+        if (asprintf(&o->tmp, "%.*s.%s.XXXXXX", dir_len, o->target,
+                     slash ? slash + 1 : o->target) < 0) {
+            o->tmp = NULL;
+            errno = ENOMEM;
+            return -1;
+        }
+        fd = mkostemp(o->tmp, O_CLOEXEC);
+        if (fd < 0) {
+            free(o->tmp);
+            o->tmp = NULL;
+            return -1;
+        }
+        /* mkstemp's 0600 would make a profile only root can read. */
+        mode_t mask = umask(0);
+        umask(mask);
+        fchmod(fd, 0666 & ~mask);
+    }
+    *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (*f == NULL && fd >= 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+    }
+    return *f ? 0 : -1;
+}
+
 /* Creates the temporary file of path, recorded as pending, open in *f.
  * NULL (the reason said) if it cannot be. */
 static struct pending *create_pending(const char *path, FILE **f)
 {
-    struct stat st;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", path, strerror(EISDIR));
-        return NULL;
-    }
     struct pending *o = NULL;
     for (int i = 0; i < MAX_OUTPUTS && o == NULL; i++)
-        if (pending[i].tmp == NULL)
+        if (!pending[i].used)
             o = &pending[i];
-    const char *slash = strrchr(path, '/');
-    int dir_len = slash ? (int)(slash - path + 1) : 0;
-    char *tmp = NULL;
-    if (o == NULL || asprintf(&tmp, "%.*s.%s.XXXXXX", dir_len, path, slash ? slash + 1 : path) < 0) {
-        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", path,
-                o ? "out of memory" : "too many files at once");
+    if (o == NULL) {
+        fprintf(stderr, "ddheap-prof: cannot write %s: too many files at once\n", path);
         return NULL;
     }
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (*f == NULL) {
-        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", path, strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-            unlink(tmp);
-        }
-        free(tmp);
+    *o = (struct pending){.used = true, .path = path, .through_fd = -1};
+    struct stat st;
+    int err = 0;
+    bool through = false; /* an existing file, not a regular one */
+    o->target = follow_symlinks(path);
+    if (o->target == NULL)
+        err = errno;
+    else if (stat(o->target, &st) != 0)
+        err = errno == ENOENT ? 0 : errno; /* ENOENT: a new file */
+    else if (S_ISDIR(st.st_mode))
+        err = EISDIR;
+    else if (!writable(o->target, S_ISREG(st.st_mode)))
+        err = errno;
+    else
+        through = !S_ISREG(st.st_mode);
+    if (err == 0 && open_pending_file(o, through, f) != 0)
+        err = errno;
+    if (err != 0) {
+        fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", path, strerror(err));
+        discard(o);
         return NULL;
     }
-    /* mkstemp's 0600 would make a profile only root can read. */
-    mode_t mask = umask(0);
-    umask(mask);
-    fchmod(fd, 0666 & ~mask);
-    *o = (struct pending){tmp, path};
     return o;
 }
 
-/* Gives a written file its name; removes it if it cannot. */
+/* Writes the in-memory output of o through its device or FIFO. An open
+ * of a FIFO waits for a reader, as a shell's redirection does. */
+static int write_through(struct pending *o)
+{
+    int out = open(o->target, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    if (out < 0 || lseek(o->through_fd, 0, SEEK_SET) != 0) {
+        if (out >= 0)
+            close(out);
+        return -1;
+    }
+    char buf[65536];
+    int rc = 0;
+    for (;;) {
+        ssize_t n = read(o->through_fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            rc = n < 0 ? -1 : 0;
+            break;
+        }
+        for (ssize_t done = 0; done < n && rc == 0;) {
+            ssize_t w = write(out, buf + done, (size_t)(n - done));
+            if (w > 0)
+                done += w;
+            else if (w < 0 && errno != EINTR)
+                rc = -1;
+        }
+        if (rc != 0)
+            break;
+    }
+    int saved = errno;
+    if (close(out) != 0 && rc == 0)
+        return -1;
+    errno = saved;
+    return rc;
+}
+
+/* Gives a written file its name (or writes it through its device or
+ * FIFO); removes it if it cannot. */
 static int publish(struct pending *o)
 {
-    int rc = 0;
-    if (rename(o->tmp, o->path) != 0) {
+    int rc = o->tmp ? rename(o->tmp, o->target) : write_through(o);
+    if (rc != 0)
         fprintf(stderr, "ddheap-prof: cannot write %s: %s\n", o->path, strerror(errno));
-        rc = -1;
+    else if (o->wrote)
+        fprintf(stderr, "ddheap-prof: wrote %s%s\n", o->path, o->wrote);
+    if (rc == 0 && o->tmp) {
+        free(o->tmp); /* renamed: nothing to remove */
+        o->tmp = NULL;
     }
-    discard(o); /* a no-op once renamed: the temporary name is gone */
+    discard(o);
     return rc;
+}
+
+void dd_prof_announce_output(const char *path, const char *detail)
+{
+    for (int i = 0; i < MAX_OUTPUTS; i++)
+        if (pending[i].used && pending[i].path == path) {
+            free(pending[i].wrote);
+            pending[i].wrote = strdup(detail);
+            return;
+        }
 }
 
 /* An output of the end: created now, or ddheap-prof exits 1. */
@@ -160,7 +316,7 @@ static int publish_outputs(void)
 {
     int rc = 0;
     for (int i = 0; i < MAX_OUTPUTS; i++)
-        if (pending[i].tmp && publish(&pending[i]) != 0)
+        if (pending[i].used && publish(&pending[i]) != 0)
             rc = -1;
     return rc;
 }
@@ -261,11 +417,12 @@ static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
     if (p->opt.all)
         snprintf(c_what, sizeof c_what,
                  "ddheap-prof: every process with probes on the host (--all), processes %zu "
-                 "(label pid), provider %s, interval %" PRIu64,
+                 "(labels pid, comm, exe), provider %s, interval %" PRIu64,
                  p->proc_ids.n, p->opt.provider, p->interval);
     else
         snprintf(c_what, sizeof c_what,
-                 "ddheap-prof: pid %d, processes %zu (label pid), provider %s, interval %" PRIu64,
+                 "ddheap-prof: pid %d, processes %zu (labels pid, comm, exe), provider %s, "
+                 "interval %" PRIu64,
                  (int)p->pid, p->proc_ids.n, p->opt.provider, p->interval);
     snprintf(c_lost, sizeof c_lost,
              "ddheap-prof: lost events: %" PRIu64 " (alloc %" PRIu64 ", free %" PRIu64
@@ -293,19 +450,28 @@ static int write_pprof_of(struct prof *p, const struct dd_prof_table *t,
     if (empty)
         comments[ncomments++] = empty;
 
+    struct dd_prof_command *commands = calloc(p->proc_ids.n + 1, sizeof *commands);
     struct symbolised own, *s = built ? built : &own;
-    if (built == NULL && symbolise(p, t, &own) != 0)
+    if (commands == NULL || (built == NULL && symbolise(p, t, &own) != 0)) {
+        free(commands);
         return -1;
+    }
+    for (size_t i = 0; i < p->proc_ids.n; i++)
+        commands[i] = (struct dd_prof_command){(uint32_t)p->procs[i].tgid, p->procs[i].comm,
+                                               p->procs[i].exe};
     int64_t from = served ? served->from_mono_ns : p->started_mono;
     struct dd_prof_meta meta = {.time_nanos = p->started_realtime + (from - p->started_mono),
                                 .duration_nanos = at_mono_ns - from,
                                 .period = (int64_t)p->interval,
                                 .comments = comments,
                                 .ncomments = ncomments,
-                                .alloc_first = served && served->alloc_first};
+                                .alloc_first = served && served->alloc_first,
+                                .commands = commands,
+                                .ncommands = p->proc_ids.n};
     int rc = dd_prof_write_pprof(out, path, &s->r, &s->all, &meta);
     if (built == NULL)
         symbolised_free(&own);
+    free(commands);
     return rc;
 }
 
@@ -475,7 +641,7 @@ static int write_report(struct prof *p, FILE *f)
         fprintf(stderr, "ddheap-prof: writing %s failed\n", p->opt.report_path);
         return -1;
     }
-    fprintf(stderr, "ddheap-prof: wrote %s\n", p->opt.report_path);
+    dd_prof_announce_output(p->opt.report_path, "");
     return 0;
 }
 
@@ -498,6 +664,60 @@ static void report_costs(const struct prof *p)
             dd_prof_files_count(), cpu, 1e3 * cpu / (double)p->proc_ids.n);
 }
 
+/* The samples of one command (comm) over the processes that ran it. */
+struct command_total {
+    const char *comm;
+    uint64_t samples;
+    size_t processes;
+    pid_t pid; /* the first of them */
+};
+
+static int by_samples(const void *a, const void *b)
+{
+    const struct command_total *x = a, *y = b;
+    return (x->samples < y->samples) - (x->samples > y->samples);
+}
+
+/* One line naming what ran, by sampled allocations: a run's processes are
+ * told apart by their commands (comm), not by their pids. */
+static void say_commands(const struct prof *p)
+{
+    enum { SHOWN = 8 };
+    size_t n = 0;
+    struct command_total *v = calloc(p->proc_ids.n + 1, sizeof *v);
+    if (v == NULL)
+        return;
+    for (size_t i = 0; i < p->proc_ids.n; i++) {
+        const struct dd_prof_proc *proc = &p->procs[i];
+        const char *comm = proc->comm ? proc->comm : "?";
+        if (proc->samples == 0)
+            continue;
+        size_t k = 0;
+        while (k < n && strcmp(v[k].comm, comm) != 0)
+            k++;
+        if (k == n)
+            v[n++] = (struct command_total){comm, 0, 0, proc->tgid};
+        v[k].samples += proc->samples;
+        v[k].processes++;
+    }
+    qsort(v, n, sizeof *v, by_samples);
+    if (n > 0)
+        fprintf(stderr, "ddheap-prof: sampled allocations by command:");
+    for (size_t k = 0; k < n && k < SHOWN; k++) {
+        if (v[k].processes == 1)
+            fprintf(stderr, "%s %s %" PRIu64 " (pid %d)", k ? "," : "", v[k].comm, v[k].samples,
+                    (int)v[k].pid);
+        else
+            fprintf(stderr, "%s %s %" PRIu64 " (%zu processes)", k ? "," : "", v[k].comm,
+                    v[k].samples, v[k].processes);
+    }
+    if (n > SHOWN)
+        fprintf(stderr, ", and %zu more commands", n - SHOWN);
+    if (n > 0)
+        fputc('\n', stderr);
+    free(v);
+}
+
 static int write_all(struct prof *p, const struct outputs *f)
 {
     dd_prof_apply_exits(p); /* those read after the loop (dd_prof_let_go) */
@@ -515,6 +735,7 @@ static int write_all(struct prof *p, const struct outputs *f)
             "ddheap-prof: alloc events %" PRIu64 ", free events %" PRIu64 " (%" PRIu64
             " of blocks not seen allocated), live sampled blocks %zu\n",
             p->table.allocs, p->table.frees, p->table.unmatched_frees, p->table.nlive);
+    say_commands(p);
     if (lost_alloc + lost_free)
         fprintf(stderr, "ddheap-prof: LOST %" PRIu64 " events (alloc %" PRIu64 ", free %" PRIu64
                         "): the ring buffer was full; raise --ringbuf-kb (now %lu)\n",
@@ -540,9 +761,10 @@ static int write_all(struct prof *p, const struct outputs *f)
             rc = -1;
     }
     if (f->out) {
+        char detail[64];
+        snprintf(detail, sizeof detail, " (%zu stacks)", p->table.nstacks);
         if (write_pprof_of(p, &p->table, NULL, f->out, p->opt.out_path, end, NULL, NULL) == 0)
-            fprintf(stderr, "ddheap-prof: wrote %s (%zu stacks)\n", p->opt.out_path,
-                    p->table.nstacks);
+            dd_prof_announce_output(p->opt.out_path, detail);
         else
             rc = -1;
     }

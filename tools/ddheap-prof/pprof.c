@@ -13,7 +13,9 @@
  * allocated bytes lived.
  *
  * Every sample also carries the numeric label pid, its process (stacks
- * are per process, table.h): `-tagfocus=pid=N` keeps one.
+ * are per process, table.h): `-tagfocus=pid=N` keeps one; and the string
+ * labels comm (the kernel's name of its command) and exe (its
+ * executable's path), when known: `-tagfocus=comm=git`.
  */
 #include "pprof.h"
 
@@ -29,31 +31,59 @@ enum { NVALUES = 4 };
 
 /* The string-table indices of the labels' keys and unit. */
 struct label_keys {
-    int64_t pid, lifetime, nanoseconds;
+    int64_t pid, comm, exe, lifetime, nanoseconds;
 };
 
-/* Labels sample x, the i-th, with its process and, if lifetime_ns >= 0,
- * the lifetime bucket of the freed blocks it holds; labels and labelp
- * have two places per sample. */
+/* The most labels a sample carries (label_sample). */
+enum { MAX_LABELS = 4 };
+
+/* The string-table indices of one process's command labels (0: none). */
+struct command_strings {
+    int64_t comm, exe;
+};
+
+/* Labels sample x, the i-th, with its process, its command and, if
+ * lifetime_ns >= 0, the lifetime bucket of the freed blocks it holds;
+ * labels and labelp have MAX_LABELS places per sample. */
 static void label_sample(DdheapPprof__Sample *x, size_t i, DdheapPprof__Label *labels,
                          DdheapPprof__Label **labelp, const struct label_keys *keys,
-                         uint32_t tgid, int64_t lifetime_ns)
+                         uint32_t tgid, struct command_strings cmd, int64_t lifetime_ns)
 {
-    DdheapPprof__Label *l = &labels[2 * i];
-    ddheap_pprof__label__init(&l[0]);
-    l[0].key = keys->pid;
-    l[0].num = tgid;
-    labelp[2 * i] = &l[0];
-    x->n_label = 1;
-    if (lifetime_ns >= 0) {
-        ddheap_pprof__label__init(&l[1]);
-        l[1].key = keys->lifetime;
-        l[1].num = lifetime_ns;
-        l[1].num_unit = keys->nanoseconds;
-        labelp[2 * i + 1] = &l[1];
-        x->n_label = 2;
+    DdheapPprof__Label *l = &labels[MAX_LABELS * i];
+    DdheapPprof__Label **lp = &labelp[MAX_LABELS * i];
+    size_t n = 0;
+    ddheap_pprof__label__init(&l[n]);
+    l[n].key = keys->pid;
+    l[n].num = tgid;
+    lp[n] = &l[n];
+    n++;
+    const int64_t strings[2][2] = {{keys->comm, cmd.comm}, {keys->exe, cmd.exe}};
+    for (int k = 0; k < 2; k++) {
+        if (strings[k][1] == 0)
+            continue;
+        ddheap_pprof__label__init(&l[n]);
+        l[n].key = strings[k][0];
+        l[n].str = strings[k][1];
+        lp[n] = &l[n];
+        n++;
     }
-    x->label = &labelp[2 * i];
+    if (lifetime_ns >= 0) {
+        ddheap_pprof__label__init(&l[n]);
+        l[n].key = keys->lifetime;
+        l[n].num = lifetime_ns;
+        l[n].num_unit = keys->nanoseconds;
+        lp[n] = &l[n];
+        n++;
+    }
+    x->n_label = n;
+    x->label = lp;
+}
+
+static int by_tgid(const void *a, const void *b)
+{
+    uint32_t x = ((const struct dd_prof_command *)a)->tgid;
+    uint32_t y = ((const struct dd_prof_command *)b)->tgid;
+    return (x > y) - (x < y);
 }
 
 static int64_t rounded(double v)
@@ -135,12 +165,14 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
     DdheapPprof__Sample *samples = calloc(nsamples + 1, sizeof *samples);
     DdheapPprof__Sample **samplep = calloc(nsamples + 1, sizeof *samplep);
     int64_t *values = calloc((nsamples + 1) * NVALUES, sizeof *values);
-    /* Two labels at most per sample (label_sample). */
-    DdheapPprof__Label *labels = calloc(2 * (nsamples + 1), sizeof *labels);
-    DdheapPprof__Label **labelp = calloc(2 * (nsamples + 1), sizeof *labelp);
-    const struct label_keys keys = {str(strings, "pid", &failed),
+    DdheapPprof__Label *labels = calloc(MAX_LABELS * (nsamples + 1), sizeof *labels);
+    DdheapPprof__Label **labelp = calloc(MAX_LABELS * (nsamples + 1), sizeof *labelp);
+    const struct label_keys keys = {str(strings, "pid", &failed), str(strings, "comm", &failed),
+                                    str(strings, "exe", &failed),
                                     str(strings, "lifetime", &failed),
                                     str(strings, "nanoseconds", &failed)};
+    if (meta->ncommands)
+        qsort(meta->commands, meta->ncommands, sizeof *meta->commands, by_tgid);
     uint64_t **loc_ids = calloc(ns + 1, sizeof *loc_ids);
     DdheapPprof__Location *locs = calloc(nl + 1, sizeof *locs);
     DdheapPprof__Location **locp = calloc(nl + 1, sizeof *locp);
@@ -220,6 +252,16 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
             loc_ids[i][k] = s->locs[k] + 1;
         const struct dd_prof_lifetimes *life = s->stack->life;
         double freed_objects = 0, freed_space = 0;
+        struct command_strings cmd = {0, 0};
+        const struct dd_prof_command key = {.tgid = s->stack->tgid};
+        const struct dd_prof_command *c =
+            meta->ncommands ? bsearch(&key, meta->commands, meta->ncommands,
+                                      sizeof *meta->commands, by_tgid)
+                            : NULL;
+        if (c != NULL) {
+            cmd.comm = c->comm ? str(strings, c->comm, &failed) : 0;
+            cmd.exe = c->exe ? str(strings, c->exe, &failed) : 0;
+        }
         for (unsigned k = 0; life != NULL && k < DD_PROF_LIFE_BUCKETS; k++) {
             if (life->count[k] == 0)
                 continue;
@@ -232,7 +274,7 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
             v[1] = rounded(life->space[k]);
             y->n_value = NVALUES;
             y->value = v;
-            label_sample(y, n_samples, labels, labelp, &keys, s->stack->tgid,
+            label_sample(y, n_samples, labels, labelp, &keys, s->stack->tgid, cmd,
                          (int64_t)dd_prof_life_bucket_start(k));
             samplep[n_samples++] = y;
             freed_objects += life->objects[k];
@@ -249,7 +291,7 @@ int dd_prof_write_pprof(FILE *out, const char *path, struct dd_prof_report *r,
         v[3] = rounded(s->stack->inuse_space);
         x->n_value = NVALUES;
         x->value = v;
-        label_sample(x, n_samples, labels, labelp, &keys, s->stack->tgid, -1);
+        label_sample(x, n_samples, labels, labelp, &keys, s->stack->tgid, cmd, -1);
         samplep[n_samples++] = x;
     }
     prof.n_sample = n_samples;

@@ -11,6 +11,13 @@
 #include "objects.h"
 #include "report.h"
 
+/* A process's command, its samples' string labels comm and exe (either
+ * may be NULL: no label). */
+struct dd_prof_command {
+    uint32_t tgid;
+    const char *comm, *exe;
+};
+
 struct dd_prof_meta {
     int64_t time_nanos, duration_nanos;
     int64_t period; /* the sampling interval, bytes */
@@ -19,6 +26,8 @@ struct dd_prof_meta {
     /* alloc_space the default sample type (Go's /debug/pprof/allocs);
      * inuse_space otherwise. */
     bool alloc_first;
+    struct dd_prof_command *commands; /* sorted here by tgid */
+    size_t ncommands;
 };
 
 /* Writes to out (already open, so a bad path failed before attaching).

@@ -205,25 +205,50 @@ struct dd_prof_proc *dd_prof_proc_of(struct prof *p, pid_t tgid)
         p->procs_cap = p->proc_ids.cap;
     }
     struct dd_prof_proc *proc = &p->procs[i];
-    if (added)
+    if (added) {
         *proc = (struct dd_prof_proc){.tgid = tgid};
+        dd_prof_read_command(proc);
+    }
     return proc;
 }
 
-static void set_name(struct dd_prof_proc *proc)
+/* Replaces *field with a copy of value (kept as it was if out of memory). */
+static void replace(char **field, const char *value)
 {
-    char link[64], exe[PATH_MAX];
-    snprintf(link, sizeof link, "/proc/%d/exe", (int)proc->tgid);
-    ssize_t n = readlink(link, exe, sizeof exe - 1);
-    if (n <= 0)
-        return;
-    exe[n] = '\0';
-    const char *slash = strrchr(exe, '/');
-    char *name = strdup(slash ? slash + 1 : exe);
-    if (name) {
-        free(proc->name);
-        proc->name = name;
+    char *copy = strdup(value);
+    if (copy) {
+        free(*field);
+        *field = copy;
     }
+}
+
+void dd_prof_read_command(struct dd_prof_proc *proc)
+{
+    char path[64], exe[PATH_MAX], comm[64];
+    snprintf(path, sizeof path, "/proc/%d/exe", (int)proc->tgid);
+    ssize_t n = readlink(path, exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        replace(&proc->exe, exe);
+        const char *slash = strrchr(exe, '/');
+        replace(&proc->name, slash ? slash + 1 : exe);
+    }
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)proc->tgid);
+    FILE *f = fopen(path, "re");
+    if (f != NULL && fgets(comm, sizeof comm, f) != NULL) {
+        comm[strcspn(comm, "\n")] = '\0';
+        replace(&proc->comm, comm);
+    }
+    if (f != NULL)
+        fclose(f);
+}
+
+void dd_prof_proc_free_names(struct dd_prof_proc *proc)
+{
+    free(proc->name);
+    free(proc->comm);
+    free(proc->exe);
+    proc->name = proc->comm = proc->exe = NULL;
 }
 
 /* Our child is stopped (or its stop is pending) at one of the stops the
@@ -257,7 +282,7 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc)
     /* The new image's interpreter, if any, is among the objects to come. */
     dd_prof_forget_interpreter(p, proc);
     proc->interp_seen = proc->objs.n;
-    set_name(proc);
+    dd_prof_read_command(proc);
     bool ours = p->child && proc->tgid == p->pid;
     if (ours)
         p->child_stopped = true;
@@ -305,11 +330,15 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
         dd_prof_objects_free(&proc->objs);
         dd_prof_unwinder_release(proc->unwinder.session); /* built from the objects just freed */
         dd_prof_forget_interpreter(p, proc);
-        free(proc->name);
+        dd_prof_proc_free_names(proc);
         *proc = (struct dd_prof_proc){.tgid = (pid_t)h->tgid, .parent = (pid_t)h->ptr,
                                       .samples = samples, .known = true};
-        if (parent->name)
-            proc->name = strdup(parent->name);
+        /* Until it execs, it runs its parent's command. */
+        const char *names[3] = {parent->name, parent->comm, parent->exe};
+        char **copies[3] = {&proc->name, &proc->comm, &proc->exe};
+        for (int i = 0; i < 3; i++)
+            if (names[i])
+                replace(copies[i], names[i]);
         if (dd_prof_objects_copy(&proc->objs, &parent->objs) != 0)
             p->oom = true;
         else if (p->opt.all)

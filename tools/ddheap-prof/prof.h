@@ -87,6 +87,10 @@ struct file_id {
 struct dd_prof_proc {
     pid_t tgid, parent;
     char *name;    /* its executable's base name, at its last exec */
+    /* Its command, as its labels in the profile (pprof.h): the kernel's
+     * comm and the executable's path, read at its start (-p), its exec,
+     * or copied from its parent at its fork; NULL if never read. */
+    char *comm, *exe;
     uint64_t samples; /* alloc events from it */
     bool gone;     /* exited: nothing more to scan */
     bool exit_applied; /* its blocks have left the table's live heap */
@@ -195,8 +199,14 @@ int dd_prof_start_command(struct prof *p);
 /* Lets the command go to its exec; returns 0, or 127 (not found) or 126
  * (not runnable) if it could not be run (message printed). */
 int dd_prof_release_command(struct prof *p);
-/* The process entry of tgid, added if new (NULL when out of memory). */
+/* The process entry of tgid, added if new (NULL when out of memory); a new
+ * one has its command read (dd_prof_read_command). */
 struct dd_prof_proc *dd_prof_proc_of(struct prof *p, pid_t tgid);
+/* Reads the process's comm and executable path from /proc (what cannot be
+ * read keeps its old value: a process gone by now). */
+void dd_prof_read_command(struct dd_prof_proc *proc);
+/* Frees what a process entry owns but its objects. */
+void dd_prof_proc_free_names(struct dd_prof_proc *proc);
 /* Handles a process event (fork, exec, exit, loader) of the proc_events
  * ring buffer. */
 int dd_prof_on_proc_event(void *ctx, void *data, size_t size);
@@ -307,6 +317,10 @@ void dd_prof_open_outputs(const struct options *o, struct outputs *f);
 int dd_prof_write_outputs(struct prof *p, struct outputs *f);
 /* Removes the temporary files of outputs not written. */
 void dd_prof_discard_outputs(void);
+/* What to say after "wrote PATH" once the pending output PATH (the very
+ * pointer given to dd_prof_open_outputs) has its name; nothing is said of
+ * an output that is not published. */
+void dd_prof_announce_output(const char *path, const char *detail);
 /* One complete profile of table t (the run's, or a view of it) to out,
  * the temporary file of path. note (may be NULL) is one more comment.
  * Returns 0 or -1. */

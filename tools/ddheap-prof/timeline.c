@@ -232,10 +232,11 @@ int dd_prof_write_peak(struct prof *p, FILE *out)
     int rc = dd_prof_write_profile(p, &view, out, p->opt.peak_path, at ? at : p->started_mono,
                                    note);
     free(view.stacks);
-    if (rc == 0)
-        fprintf(stderr, "ddheap-prof: wrote %s (the peak: %.1f MiB estimated live, %.3f s into "
-                        "the run)\n",
-                p->opt.peak_path, p->table.peak_space / 1048576.0,
-                at ? (double)(at - p->started_mono) / 1e9 : 0.0);
+    if (rc == 0) {
+        char detail[120];
+        snprintf(detail, sizeof detail, " (the peak: %.1f MiB estimated live, %.3f s into the run)",
+                 p->table.peak_space / 1048576.0, at ? (double)(at - p->started_mono) / 1e9 : 0.0);
+        dd_prof_announce_output(p->opt.peak_path, detail);
+    }
     return rc;
 }
