@@ -9,7 +9,8 @@ every block intact, every thread still running.
 
 Tests: c (EXTRA: the program built several ways, tests/prof/meson.build),
 cycles (EXTRA: the program; DDHEAP_ATTACH_CYCLES cycles, default 12),
-sigkill, in-malloc (EXTRA: the program), refusals (EXTRA: the program,
+sigkill, in-malloc (EXTRA: the program), namespace (EXTRA: the program and
+the agent), refusals (EXTRA: the program,
 dynamic and static), python, redis. Needs root; exits 77 (skipped) only when not root.
 Prints the attach latency and the longest stop of the target as NOTE lines.
 """
@@ -273,6 +274,54 @@ def test_c(c, prof, artifacts, extra):
     wait on a futex and sleep."""
     for program in extra:
         attach_c_once(c, prof, artifacts, program, os.path.basename(program))
+
+
+def test_namespace(c, prof, artifacts, extra):
+    """A target whose mount namespace does not see the agent at ddheap-prof's
+    path (a container's view): a private mount namespace with an empty
+    tmpfs over the agent's folder. The agent reaches it through an
+    anonymous file it makes itself; nothing is left in its file system."""
+    program, built_agent = extra
+    hidden = tempfile.mkdtemp(prefix="ddheap-ns-agent-", dir=artifacts)
+    agent = os.path.join(hidden, "libddheap_agent.so")
+    shutil.copy(built_agent, agent)
+    names = [os.path.basename(program), "libc.so"]
+    t = p = None
+    saved = os.environ.get("DDHEAP_AGENT_LIB")
+    try:
+        t = Target(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    'mount -t tmpfs ddheap-test "$1" && exec "$2"', "sh", hidden, program],
+                   target_env())
+        c.check(not os.path.exists(f"/proc/{t.pid}/root{agent}"),
+                "the target's mount namespace does not see the agent's path")
+        before = got_slots(t.pid, names)
+        os.environ["DDHEAP_AGENT_LIB"] = agent
+        p = Prof(prof, t.pid, os.path.join(artifacts, "attach-namespace.pb.gz"))
+        p.wait_profiling()
+        maps = open(f"/proc/{t.pid}/maps").read()
+        c.check("/memfd:ddheap-agent" in maps,
+                "the agent is mapped from an anonymous file in the target")
+        count, size = 400, 32768
+        c.equal(t.ask(f"keep {count} {size}"), "kept", "namespace: allocated while attached")
+        detach_and_check(c, p, t.pid, names, before, "namespace")
+        raw = read_raw(os.path.join(artifacts, "attach-namespace.pb.gz"))
+        got = per_site(raw, "inuse_space").get("site_kept", 0)
+        truth, sd = count * size, sigma(count, size, INTERVAL)
+        c.check(abs(got - truth) <= 5 * sd,
+                f"namespace: site_kept inuse_space {got}, true {truth}, within 5 sd = {5 * sd:.0f}")
+        c.equal(os.listdir(f"/proc/{t.pid}/root{hidden}"), [],
+                "nothing was written into the target's file system")
+        free_check_finish(c, t, "namespace")
+    finally:
+        if saved is None:
+            os.environ.pop("DDHEAP_AGENT_LIB", None)
+        else:
+            os.environ["DDHEAP_AGENT_LIB"] = saved
+        if p:
+            p.kill()
+        if t:
+            t.kill()
+        shutil.rmtree(hidden, ignore_errors=True)
 
 
 def test_cycles(c, prof, artifacts, extra):
@@ -560,7 +609,7 @@ def test_redis(c, prof, artifacts, extra):
             f"jemalloc's allocator_allocated {attached} within 10 % of {plain} without ddheap")
 
 
-TESTS = {"c": test_c, "cycles": test_cycles, "sigkill": test_sigkill, "python": test_python,
+TESTS = {"c": test_c, "cycles": test_cycles, "namespace": test_namespace, "sigkill": test_sigkill, "python": test_python,
          "redis": test_redis, "in-malloc": test_in_malloc, "refusals": test_refusals}
 
 

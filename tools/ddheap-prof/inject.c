@@ -77,6 +77,10 @@
 #define RT_CONSISTENT 0
 #define RTLD_NOW_ 0x2
 #define RTLD_DLOPEN_FLAG 0x80000000 /* __libc_dlopen_mode's __RTLD_DLOPEN */
+#define MFD_CLOEXEC_ 0x1
+/* The name of the anonymous file, and how the target's maps show it. */
+#define MEMFD_NAME "ddheap-agent"
+#define MEMFD_MAPPED "/memfd:" MEMFD_NAME " (deleted)"
 
 /* The start of glibc's struct r_debug (link.h), as the target has it. */
 struct r_debug_head {
@@ -121,8 +125,15 @@ struct target {
     size_t nunsafe, unsafe_cap;
     uint64_t r_state;     /* address of _r_debug.r_state; 0 if unknown */
     uint64_t fn_dlopen, fn_libc_dlopen_mode, fn_close, fn_start;
+    uint64_t fn_memfd_create, fn_write;
     const char *lib_real; /* the library's path, resolved */
-    bool lib_loaded;      /* mapped already */
+    /* The target's mount namespace has no such file at that path (a
+     * container): the library reaches it as an anonymous file that the
+     * target makes itself (load_through_memfd), and is mapped under
+     * MEMFD_MAPPED rather than lib_real. */
+    bool via_memfd;
+    const char *lib_mapped; /* its path in the target's maps */
+    bool lib_loaded;        /* mapped already */
     int mem;              /* /proc/PID/mem */
     Dwfl *dwfl;           /* unwinds a stopped thread by CFI; NULL if not */
 };
@@ -410,12 +421,15 @@ static int preflight(struct target *t, const char *lib, char *why, size_t size)
     const struct mapping *libc = find_object(t, is_libc, NULL);
     if (libc == NULL)
         return refuse(why, size, "it does not map glibc's libc.so.6");
-    struct wanted lw[] = {{"dlopen", 0, 0}, {"__libc_dlopen_mode", 0, 0}, {"close", 0, 0}};
-    if (!lookup_symbols(t, libc, lw, 3))
+    struct wanted lw[] = {{"dlopen", 0, 0}, {"__libc_dlopen_mode", 0, 0}, {"close", 0, 0},
+                          {"memfd_create", 0, 0}, {"write", 0, 0}};
+    if (!lookup_symbols(t, libc, lw, 5))
         return refuse(why, size, "cannot read the symbols of %s", libc->path);
     t->fn_dlopen = lw[0].value;
     t->fn_libc_dlopen_mode = lw[1].value;
     t->fn_close = lw[2].value;
+    t->fn_memfd_create = lw[3].value;
+    t->fn_write = lw[4].value;
     if (t->fn_dlopen == 0 && t->fn_libc_dlopen_mode == 0)
         return refuse(why, size, "its libc has neither dlopen nor __libc_dlopen_mode");
     if (t->fn_close == 0)
@@ -436,9 +450,15 @@ static int preflight(struct target *t, const char *lib, char *why, size_t size)
     snprintf(in_root, sizeof in_root, "/proc/%d/root%s", (int)pid, t->lib_real);
     if (stat(t->lib_real, &ours) != 0)
         return refuse(why, size, "%s: %s", lib, strerror(errno));
-    if (stat(in_root, &theirs) != 0 || ours.st_dev != theirs.st_dev || ours.st_ino != theirs.st_ino)
-        return refuse(why, size, "%s is not the same file in its mount namespace", t->lib_real);
-    t->lib_loaded = find_object(t, is_path, t->lib_real) != NULL;
+    t->lib_mapped = t->lib_real;
+    if (stat(in_root, &theirs) != 0 || ours.st_dev != theirs.st_dev || ours.st_ino != theirs.st_ino) {
+        if (t->fn_memfd_create == 0 || t->fn_write == 0)
+            return refuse(why, size, "%s is not the same file in its mount namespace, and its libc "
+                                     "has no memfd_create to receive it otherwise", t->lib_real);
+        t->via_memfd = true;
+        t->lib_mapped = MEMFD_MAPPED;
+    }
+    t->lib_loaded = find_object(t, is_path, t->lib_mapped) != NULL;
     return 0;
 }
 
@@ -843,12 +863,60 @@ static bool find_start(struct target *t, const char *start)
 {
     if (read_maps(t) != 0)
         return false;
-    const struct mapping *m = find_object(t, is_path, t->lib_real);
+    const struct mapping *m = find_object(t, is_path, t->lib_mapped);
     struct wanted w = {start, 0, 0};
     if (m == NULL || !lookup_symbols(t, m, &w, 1) || w.value == 0)
         return false;
     t->fn_start = w.value;
     return true;
+}
+
+/* For a target whose mount namespace does not see the library (a
+ * container): the target creates an anonymous file (memfd_create, so
+ * nothing is left on any file system, whatever happens next) and writes
+ * the library's bytes into it, a chunk at a time from its own stack; it is
+ * then opened as /proc/self/fd/N, a path valid in every mount namespace.
+ * Returns the target's descriptor, or -1 (why set). */
+static int load_through_memfd(struct target *t, struct threads *th, size_t i,
+                              const struct saved_state *saved, char *why, size_t size)
+{
+    int file = open(t->lib_real, O_RDONLY | O_CLOEXEC);
+    if (file < 0)
+        return refuse(why, size, "%s: %s", t->lib_real, strerror(errno));
+    uint64_t ret = 0;
+    uint64_t create_args[2] = {DATA_ARG, MFD_CLOEXEC_};
+    int e = remote_call(t, th, i, saved, t->fn_memfd_create, create_args, 2, MEMFD_NAME,
+                        sizeof MEMFD_NAME, &ret);
+    int memfd = (int)(int32_t)ret;
+    if (e != 0 || memfd < 0) {
+        close(file);
+        return refuse(why, size, "its memfd_create failed: %s", strerror(e ? e : (int)-memfd));
+    }
+    static char chunk[16384];
+    ssize_t got;
+    while ((got = read(file, chunk, sizeof chunk)) > 0) {
+        for (ssize_t done = 0; done < got;) {
+            uint64_t write_args[3] = {(uint64_t)memfd, DATA_ARG, (uint64_t)(got - done)};
+            e = remote_call(t, th, i, saved, t->fn_write, write_args, 3, chunk + done,
+                            (size_t)(got - done), &ret);
+            if (e != 0 || (int64_t)ret <= 0) {
+                got = -1;
+                break;
+            }
+            /* its copy of the bytes was taken from the start of the
+             * data: the rest goes again from the next byte */
+            done += (ssize_t)ret;
+        }
+        if (got < 0)
+            break;
+    }
+    close(file);
+    if (got < 0) {
+        uint64_t close_args[1] = {(uint64_t)memfd};
+        (void)remote_call(t, th, i, saved, t->fn_close, close_args, 1, NULL, 0, &ret);
+        return refuse(why, size, "cannot copy %s into the process", t->lib_real);
+    }
+    return memfd;
 }
 
 /* The calls, on the borrowed thread: dlopen (unless loaded), start,
@@ -859,22 +927,35 @@ static int call_agent(struct target *t, struct threads *th, size_t i,
 {
     uint64_t ret = 0;
     if (!t->lib_loaded) {
-        size_t len = strlen(t->lib_real) + 1;
+        char fd_path[64];
+        const char *path = t->lib_real;
+        int memfd = -1;
+        if (t->via_memfd) {
+            if ((memfd = load_through_memfd(t, th, i, saved, why, size)) < 0)
+                return -1;
+            snprintf(fd_path, sizeof fd_path, "/proc/self/fd/%d", memfd);
+            path = fd_path;
+        }
         uint64_t args[2] = {DATA_ARG, RTLD_NOW_};
         uint64_t fn = t->fn_dlopen;
         if (fn == 0) {
             fn = t->fn_libc_dlopen_mode;
             args[1] |= RTLD_DLOPEN_FLAG;
         }
-        int e = remote_call(t, th, i, saved, fn, args, 2, t->lib_real, len, &ret);
+        int e = remote_call(t, th, i, saved, fn, args, 2, path, strlen(path) + 1, &ret);
+        if (memfd >= 0) { /* the mapping keeps the anonymous file alive */
+            uint64_t close_args[1] = {(uint64_t)memfd};
+            uint64_t ignored;
+            (void)remote_call(t, th, i, saved, t->fn_close, close_args, 1, NULL, 0, &ignored);
+        }
         if (e != 0)
-            return refuse(why, size, "its dlopen of %s failed: %s", t->lib_real, strerror(e));
+            return refuse(why, size, "its dlopen of %s failed: %s", path, strerror(e));
         if (ret == 0)
-            return refuse(why, size, "its dlopen of %s returned NULL", t->lib_real);
+            return refuse(why, size, "its dlopen of %s returned NULL", path);
         out->loaded = 1;
     }
     if (!find_start(t, start))
-        return refuse(why, size, "%s has no %s once loaded", t->lib_real, start);
+        return refuse(why, size, "%s has no %s once loaded", t->lib_mapped, start);
     int e = remote_call(t, th, i, saved, t->fn_start, NULL, 0, NULL, 0, &ret);
     if (e != 0)
         return refuse(why, size, "%s() failed: %s", start, strerror(e));
