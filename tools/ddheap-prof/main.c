@@ -73,6 +73,7 @@ static void free_run(struct prof *p)
     free(p->link_pids);
     free(p->attached);
     free(p->loader_hooked);
+    free(p->sem_files);
     dd_prof_snapshots_free(p);
 }
 

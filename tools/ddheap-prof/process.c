@@ -262,14 +262,20 @@ static void resume(struct prof *p)
 
 void dd_prof_let_go(struct prof *p)
 {
+    dd_prof_no_more_stops(p);
     dd_prof_follow(p, p->pid, 0);
     /* A stop made before that has its event waiting: handled here. */
     ring_buffer__consume(p->rb);
     if (p->child_stopped)
         resume(p);
+    for (size_t i = 0; i < p->proc_ids.n; i++)
+        if (p->procs[i].loader_stop_pending) {
+            p->procs[i].loader_stop_pending = false;
+            kill(p->procs[i].tgid, SIGCONT);
+        }
 }
 
-static void on_exec(struct prof *p, struct dd_prof_proc *proc)
+static void on_exec(struct prof *p, struct dd_prof_proc *proc, bool stopped)
 {
     /* The old image's objects are gone with it; they are forgotten unless
      * a stack may point into them (the first mapping is what pprof takes
@@ -287,7 +293,14 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc)
     if (ours)
         p->child_stopped = true;
     dd_prof_rescan(p, proc);
-    bool loader_stop = dd_prof_prepare_exec(p, proc) && ours;
+    bool loader_stop = dd_prof_prepare_exec(p, proc) && (ours || stopped);
+    if (stopped && !ours) {
+        /* A descendant, stopped by the BPF side (DD_PROF_STOP_AT_EXEC). */
+        if (loader_stop &&
+            dd_prof_follow(p, proc->tgid, DD_PROF_STOP_AT_EXEC | DD_PROF_STOP_AT_LOADER) == 0)
+            proc->loader_stop_pending = true;
+        kill(proc->tgid, SIGCONT);
+    }
     if (ours) {
         p->interval = dd_prof_interval_of(p->pid);
         /* On to the loader's stop, where the libraries are attached. */
@@ -348,10 +361,14 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
     }
     case DD_PROF_EV_EXEC:
         proc->known = true;
-        on_exec(p, proc);
+        on_exec(p, proc, h->ptr != 0);
         break;
     case DD_PROF_EV_LOADED:
         dd_prof_rescan(p, proc);
+        if (proc->loader_stop_pending) {
+            proc->loader_stop_pending = false;
+            kill(proc->tgid, SIGCONT);
+        }
         if (p->child && proc->tgid == p->pid && p->loader_stop_pending) {
             p->loader_stop_pending = false;
             if (p->nattached == 0)
