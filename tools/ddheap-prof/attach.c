@@ -87,7 +87,7 @@ static int remember_file(struct file_id **v, size_t *n, size_t *cap, pid_t pid, 
  * reaches a site. Otherwise (a target alone, or --all) every uprobe is
  * for the process pid alone, with the kernel's semaphore (DESIGN.md §15).
  * The attached files are kept per pid with --all. */
-static bool sites_shared(const struct prof *p)
+bool dd_prof_sites_shared(const struct prof *p)
 {
     return p->opt.follow && !p->opt.all;
 }
@@ -147,7 +147,7 @@ static int attach_probe(struct prof *p, pid_t pid, int fd, const char *kernel_pa
     for (int i = 0; i < n; i++) {
         struct bpf_uprobe_opts opts = {
             .sz = sizeof opts,
-            .ref_ctr_offset = sites_shared(p) ? 0 : (size_t)sites[i].semaphore_offset};
+            .ref_ctr_offset = dd_prof_sites_shared(p) ? 0 : (size_t)sites[i].semaphore_offset};
         struct bpf_link *l = bpf_program__attach_uprobe_opts(prog, uprobe_pid(p, pid), kernel_path,
                                                              (size_t)sites[i].offset, &opts);
         if (l == NULL) {
@@ -190,7 +190,7 @@ static int attach_file(struct prof *p, pid_t pid, const char *kernel_path, const
     close(fd);
     if (nalloc < 0)
         return -1;
-    if ((sites_shared(p) && remember_semaphores(p, dev, ino, sites, (size_t)(nfree + nalloc)) != 0) ||
+    if ((dd_prof_sites_shared(p) && remember_semaphores(p, dev, ino, sites, (size_t)(nfree + nalloc)) != 0) ||
         remember_file(&p->attached, &p->nattached, &p->attached_cap, attached_key(p, pid), dev,
                       ino) != 0)
         return -1;
@@ -222,7 +222,12 @@ static bool add_to_semaphores(const struct prof *p, pid_t pid, const struct dd_p
                 continue;
             }
             v = (uint16_t)(v + delta);
-            ok &= process_vm_writev(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof v;
+            if (delta > 0) /* told first: a raise it does not know of would stay */
+                dd_prof_guardian_raised(pid, f->addr[k] + o->bias, delta);
+            bool wrote = process_vm_writev(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof v;
+            if (delta < 0 && wrote)
+                dd_prof_guardian_raised(pid, f->addr[k] + o->bias, delta);
+            ok &= wrote;
         }
         return ok;
     }
@@ -232,7 +237,7 @@ static bool add_to_semaphores(const struct prof *p, pid_t pid, const struct dd_p
 /* Raises, once, the semaphores of the process's attached objects. */
 static void raise_semaphores(struct prof *p, struct dd_prof_proc *proc)
 {
-    if (!sites_shared(p))
+    if (!dd_prof_sites_shared(p))
         return;
     for (size_t i = 0; i < proc->objs.n; i++) {
         struct dd_prof_object *o = &proc->objs.v[i];
@@ -435,7 +440,9 @@ bool dd_prof_prepare_exec(struct prof *p, struct dd_prof_proc *proc)
  * Nothing is stopped at ours by then (dd_prof_let_go). */
 void dd_prof_detach_all(struct prof *p)
 {
+    dd_prof_end_stops(p);
     dd_prof_lower_semaphores(p);
+    dd_prof_guardian_done();
     int ended[2];
     pid_t pid = pipe2(ended, O_CLOEXEC) == 0 ? fork() : -1;
     if (pid == 0) {

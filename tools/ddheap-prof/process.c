@@ -268,6 +268,12 @@ void dd_prof_let_go(struct prof *p)
     ring_buffer__consume(p->rb);
     if (p->child_stopped)
         resume(p);
+    dd_prof_end_stops(p);
+}
+
+void dd_prof_end_stops(struct prof *p)
+{
+    dd_prof_no_more_stops(p);
     for (size_t i = 0; i < p->proc_ids.n; i++)
         if (p->procs[i].loader_stop_pending) {
             p->procs[i].loader_stop_pending = false;
@@ -282,6 +288,12 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc, bool stopped)
      * for the main binary). */
     if (proc->samples == 0)
         dd_prof_objects_free(&proc->objs);
+    /* Kept, they only name frames: nothing is attached or raised in them
+     * (their addresses are the new image's now). */
+    for (size_t i = 0; i < proc->objs.n; i++) {
+        proc->objs.v[i].attach_tried = true;
+        proc->objs.v[i].attached = proc->objs.v[i].semaphores_raised = false;
+    }
     /* Its unwinding session knew the old image's modules. */
     dd_prof_unwinder_release(proc->unwinder.session);
     proc->unwinder = (struct dd_prof_unwind_hold){0};
@@ -356,10 +368,13 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
             p->oom = true;
         else if (p->opt.all)
             dd_prof_host_on_fork(p, proc);
+        else
+            dd_prof_guardian_fork(proc->tgid, parent->tgid);
         dd_prof_inherit_interpreter(p, proc, parent);
         break;
     }
     case DD_PROF_EV_EXEC:
+        dd_prof_guardian_gone(proc->tgid);
         proc->known = true;
         on_exec(p, proc, h->ptr != 0);
         break;
@@ -381,6 +396,7 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
         }
         break;
     case DD_PROF_EV_EXIT:
+        dd_prof_guardian_gone(proc->tgid);
         proc->gone = true;
         dd_prof_note_exit(p, proc->tgid, h->ts_ns);
         /* (Its last samples are still to be read: the names are kept.) */

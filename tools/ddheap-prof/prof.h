@@ -293,13 +293,25 @@ void dd_prof_stop_interpreter_walk(struct prof *p, struct dd_prof_proc *proc);
 /* The process's interpreter is forgotten (its exec, its fork's copy). */
 void dd_prof_forget_interpreter(struct prof *p, struct dd_prof_proc *proc);
 /* Lowers the semaphores ddheap-prof raised in the live processes. */
+bool dd_prof_sites_shared(const struct prof *p);
 void dd_prof_lower_semaphores(struct prof *p);
 /* Destroys every link; the uprobes go once ddheap-prof has exited. */
 void dd_prof_detach_all(struct prof *p);
 
+/* guardian.c: undoes, if ddheap-prof dies, the semaphores it raised and
+ * the stops it made in the processes it follows. */
+void dd_prof_guardian_start(struct prof *p);
+void dd_prof_guardian_raised(pid_t pid, uint64_t addr, int delta);
+void dd_prof_guardian_fork(pid_t child, pid_t parent);
+void dd_prof_guardian_gone(pid_t pid); /* its exec or exit */
+/* All is undone: the guardian leaves. */
+void dd_prof_guardian_done(void);
+
 /* loop.c */
 /* Opens and loads the BPF programs, and attaches the process tracepoints. */
 int dd_prof_setup_bpf(struct prof *p);
+/* No process is stopped any more; those waiting for us are continued. */
+void dd_prof_end_stops(struct prof *p);
 /* The BPF side stops no process any more (the run ends). */
 void dd_prof_no_more_stops(struct prof *p);
 /* Adds a process to the BPF map of followed ones. */
