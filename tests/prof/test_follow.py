@@ -504,16 +504,23 @@ def alloc_semaphore_address(library):
 
 def semaphore_of(pid, library, address):
     """The ddheap:alloc semaphore as the process holds it in its memory
-    (/proc/PID/mem), None while it does not map the library."""
+    (/proc/PID/mem), None while it does not map the library's writable
+    segment there (before the loader has mapped it, the address reads the
+    file's bytes)."""
     real = os.path.realpath(library)
     base = None
+    writable = []
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             fields = line.split()
-            if len(fields) >= 6 and fields[5] == real and int(fields[2], 16) == 0:
-                base = int(fields[0].split("-")[0], 16)
-                break
-    if base is None:
+            if len(fields) < 6 or fields[5] != real:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if int(fields[2], 16) == 0 and base is None:
+                base = start
+            if "w" in fields[1]:
+                writable.append((start, end))
+    if base is None or not any(s <= base + address < e for s, e in writable):
         return None
     with open(f"/proc/{pid}/mem", "rb") as mem:
         mem.seek(base + address)

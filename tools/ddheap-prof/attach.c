@@ -76,17 +76,20 @@ static int remember_file(struct file_id **v, size_t *n, size_t *cap, pid_t pid, 
     return 0;
 }
 
-/* Following, the probe sites' uprobes are placed on a file, for every
- * process, so that a forked child is seen from its first instruction at
- * no cost to its fork; the BPF side keeps the followed processes. They
- * are placed without the kernel's semaphore (which it would raise in
- * every process mapping the file: a bystander with the preload library
- * would start sampling): ddheap-prof raises the semaphores of the
- * processes it follows itself (raise_semaphores), and a forked child
- * inherits them with its memory. A bystander's stay 0, so it never
+/* Every uprobe is placed without the kernel's semaphore, which the
+ * kernel would raise in every process where the uprobe is installed:
+ * ddheap-prof raises the semaphores of the processes it profiles itself
+ * (raise_semaphores), lowers them at the end, and a guardian lowers them
+ * if it dies (guardian.c). (The kernel refuses two uprobes at one place,
+ * one with the semaphore and one without: all of ddheap-prof's are
+ * without.) Following, the probe sites' uprobes are on the file, for
+ * every process, so that a forked child, which inherits its raised
+ * semaphores with its memory, is seen from its first instruction at no
+ * cost to its fork; the BPF side keeps the followed processes. A
+ * bystander mapping the file keeps its semaphores at 0, so it never
  * reaches a site. Otherwise (a target alone, or --all) every uprobe is
- * for the process pid alone, with the kernel's semaphore (DESIGN.md §15).
- * The attached files are kept per pid with --all. */
+ * for the process pid alone (DESIGN.md §15). The attached files are kept
+ * per pid with --all. */
 bool dd_prof_sites_shared(const struct prof *p)
 {
     return p->opt.follow && !p->opt.all;
@@ -145,14 +148,18 @@ static int attach_probe(struct prof *p, pid_t pid, int fd, const char *kernel_pa
     }
     struct bpf_program *prog = nargs == 1 ? p->skel->progs.on_free : p->skel->progs.on_alloc;
     for (int i = 0; i < n; i++) {
-        struct bpf_uprobe_opts opts = {
-            .sz = sizeof opts,
-            .ref_ctr_offset = dd_prof_sites_shared(p) ? 0 : (size_t)sites[i].semaphore_offset};
+        /* Never the kernel's semaphore: raise_semaphores. */
+        struct bpf_uprobe_opts opts = {.sz = sizeof opts};
         struct bpf_link *l = bpf_program__attach_uprobe_opts(prog, uprobe_pid(p, pid), kernel_path,
                                                              (size_t)sites[i].offset, &opts);
         if (l == NULL) {
+            int e = errno;
             fprintf(stderr, "ddheap-prof: cannot attach to %s:%s in %s: %s\n", p->opt.provider,
-                    probe, name, strerror(errno));
+                    probe, name, strerror(e));
+            if (e == EINVAL)
+                fprintf(stderr, "ddheap-prof: (the kernel refuses a uprobe without the "
+                                "semaphore where another tracer, such as bpftrace, has one "
+                                "with it: stop that tracer, or profile with it alone)\n");
             return -1;
         }
         if (keep_link(p, l, pid) != 0) {
@@ -190,7 +197,7 @@ static int attach_file(struct prof *p, pid_t pid, const char *kernel_path, const
     close(fd);
     if (nalloc < 0)
         return -1;
-    if ((dd_prof_sites_shared(p) && remember_semaphores(p, dev, ino, sites, (size_t)(nfree + nalloc)) != 0) ||
+    if (remember_semaphores(p, dev, ino, sites, (size_t)(nfree + nalloc)) != 0 ||
         remember_file(&p->attached, &p->nattached, &p->attached_cap, attached_key(p, pid), dev,
                       ino) != 0)
         return -1;
@@ -199,10 +206,31 @@ static int attach_file(struct prof *p, pid_t pid, const char *kernel_path, const
     return 0;
 }
 
+/* Adds delta to one semaphore at addr in the process; false if it
+ * cannot be read or written (not mapped yet, the process gone), or would
+ * drop below 0. The guardian hears of a raise before it is made, of a
+ * lowering after. */
+static bool add_to_semaphore(pid_t pid, uint64_t addr, int delta)
+{
+    uint16_t v;
+    struct iovec local = {&v, sizeof v};
+    struct iovec remote = {(void *)(uintptr_t)addr, sizeof v};
+    if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof v ||
+        (delta < 0 && v == 0))
+        return false;
+    v = (uint16_t)(v + delta);
+    if (delta > 0)
+        dd_prof_guardian_raised(pid, addr, delta);
+    bool wrote = process_vm_writev(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof v;
+    if (wrote != (delta > 0))
+        dd_prof_guardian_raised(pid, addr, -1);
+    return wrote;
+}
+
 /* Adds delta to the semaphores of the attached file in the process (at
- * their run-time addresses, by the load bias). Nothing else writes them
- * (a tracer that places its own uprobes with the kernel's semaphore adds
- * and subtracts its own count, in the kernel: the same counter, so the
+ * their run-time addresses, by the load bias), all or none. Nothing else
+ * writes them (a tracer that places its uprobes with the kernel's
+ * semaphore adds and subtracts its own count on the same counter: our
  * write races with that tracer's attach only). */
 static bool add_to_semaphores(const struct prof *p, pid_t pid, const struct dd_prof_object *o,
                               int delta)
@@ -211,25 +239,13 @@ static bool add_to_semaphores(const struct prof *p, pid_t pid, const struct dd_p
         const struct dd_prof_sem_file *f = &p->sem_files[i];
         if (f->dev != o->dev || f->ino != o->ino)
             continue;
-        bool ok = true;
-        for (size_t k = 0; k < f->n; k++) {
-            uint16_t v;
-            struct iovec local = {&v, sizeof v};
-            struct iovec remote = {(void *)(uintptr_t)(f->addr[k] + o->bias), sizeof v};
-            if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof v ||
-                (delta < 0 && v == 0)) {
-                ok = false;
-                continue;
+        for (size_t k = 0; k < f->n; k++)
+            if (!add_to_semaphore(pid, f->addr[k] + o->bias, delta) && delta > 0) {
+                while (k-- > 0)
+                    add_to_semaphore(pid, f->addr[k] + o->bias, -delta);
+                return false;
             }
-            v = (uint16_t)(v + delta);
-            if (delta > 0) /* told first: a raise it does not know of would stay */
-                dd_prof_guardian_raised(pid, f->addr[k] + o->bias, delta);
-            bool wrote = process_vm_writev(pid, &local, 1, &remote, 1, 0) == (ssize_t)sizeof v;
-            if (delta < 0 && wrote)
-                dd_prof_guardian_raised(pid, f->addr[k] + o->bias, delta);
-            ok &= wrote;
-        }
-        return ok;
+        return true;
     }
     return false;
 }
@@ -237,8 +253,6 @@ static bool add_to_semaphores(const struct prof *p, pid_t pid, const struct dd_p
 /* Raises, once, the semaphores of the process's attached objects. */
 static void raise_semaphores(struct prof *p, struct dd_prof_proc *proc)
 {
-    if (!dd_prof_sites_shared(p))
-        return;
     for (size_t i = 0; i < proc->objs.n; i++) {
         struct dd_prof_object *o = &proc->objs.v[i];
         if (o->attached && !o->semaphores_raised)

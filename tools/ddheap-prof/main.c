@@ -138,8 +138,7 @@ int main(int argc, char **argv)
     p.pid = p.opt.pid;
     if (dd_prof_setup_bpf(&p) != 0)
         return 1;
-    if (dd_prof_sites_shared(&p))
-        dd_prof_guardian_start(&p);
+    dd_prof_guardian_start(&p);
     p.started_realtime = dd_prof_now_ns(CLOCK_REALTIME);
     p.started_mono = dd_prof_now_ns(CLOCK_MONOTONIC);
     if (p.opt.all) {

@@ -368,8 +368,7 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
             p->oom = true;
         else if (p->opt.all)
             dd_prof_host_on_fork(p, proc);
-        else
-            dd_prof_guardian_fork(proc->tgid, parent->tgid);
+        dd_prof_guardian_fork(proc->tgid, parent->tgid);
         dd_prof_inherit_interpreter(p, proc, parent);
         break;
     }
