@@ -560,7 +560,9 @@ def test_isolation(c, prof, artifacts, extra):
     from its memory, and `valgrind /bin/true` runs (a uprobe for every
     process put a breakpoint into every ld.so, and valgrind died of
     SIGTRAP). The profiled shell's semaphore is raised (the reading is
-    right), and the program it forks and execs is profiled exactly."""
+    right), and the program it forks and execs is profiled exactly. Once
+    ddheap-prof has ended, by SIGINT or SIGKILL (-p -f), the shell's
+    semaphore is back at 0."""
     preload, plain = extra
     preload = os.path.abspath(preload)
     address = alloc_semaphore_address(preload)
@@ -589,7 +591,7 @@ def test_isolation(c, prof, artifacts, extra):
     script = f"read go; {plain} \"$1\" 50; read done"
     try:
         bystander()
-        for mode in ("cmd", "pid"):
+        for mode in ("cmd", "pid", "kill"):
             truth_file = os.path.join(artifacts, f"isolation-{mode}.truth")
             pb = os.path.join(artifacts, f"isolation-{mode}.pb.gz")
             err = tempfile.NamedTemporaryFile(mode="w+", prefix="ddheap-isolation-")
@@ -623,12 +625,22 @@ def test_isolation(c, prof, artifacts, extra):
                 while not os.path.exists(truth_file) and time.time() < deadline:
                     time.sleep(0.02)
                 check_host(f"{mode}, after a forked child", target_pid)
-                if target is not None:
+                if mode == "pid":
                     # ddheap-prof ends first: what it raised in the shell is lowered
                     p.send_signal(signal.SIGINT)
                     c.equal(p.wait(timeout=TIMEOUT), 0, f"{mode}: ddheap-prof's exit status")
                     c.equal(semaphore_of(target.pid, preload, address), 0,
                             f"{mode}: the shell's semaphore is 0 once ddheap-prof has ended")
+                elif mode == "kill":
+                    # killed, its guardian lowers what it raised
+                    p.kill()
+                    p.wait(timeout=TIMEOUT)
+                    deadline = time.time() + TIMEOUT
+                    while (semaphore_of(target.pid, preload, address) != 0 and
+                           time.time() < deadline):
+                        time.sleep(0.02)
+                    c.equal(semaphore_of(target.pid, preload, address), 0,
+                            f"{mode}: the shell's semaphore is 0 once ddheap-prof was SIGKILLed")
                 feed.write("done\n")
                 feed.flush()
                 feed.close()
@@ -638,6 +650,8 @@ def test_isolation(c, prof, artifacts, extra):
                     c.equal(p.wait(timeout=TIMEOUT), 0, f"{mode}: ddheap-prof's exit status")
             finally:
                 kill_running(target, p)
+            if mode == "kill":
+                continue
             with open(truth_file) as f:
                 truth = sum(int(m.group(1)) for m in
                             re.finditer(r"^site \S+ alloc_bytes (\d+)", f.read(), re.M))

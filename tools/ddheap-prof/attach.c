@@ -176,7 +176,8 @@ static int attach_probe(struct prof *p, pid_t pid, int fd, const char *kernel_pa
  * path the kernel resolves to the very file the process maps (through
  * /proc/PID/map_files or /proc/PID/root: a process in another mount
  * namespace, a file deleted or replaced since); name is the process's.
- * Returns 0 or -1 (message printed). */
+ * Returns 1 if attached now, 0 if it was already, or -1 (message
+ * printed). */
 static int attach_file(struct prof *p, pid_t pid, const char *kernel_path, const char *name,
                        uint64_t dev, uint64_t ino, unsigned probes_present)
 {
@@ -201,9 +202,15 @@ static int attach_file(struct prof *p, pid_t pid, const char *kernel_path, const
         remember_file(&p->attached, &p->nattached, &p->attached_cap, attached_key(p, pid), dev,
                       ino) != 0)
         return -1;
+    return 1;
+}
+
+/* Said once a file is attached and, for a process mapping it, its
+ * semaphores raised (what a reader of stderr waits for). */
+static void say_attached(const struct prof *p, const char *name, unsigned probes_present)
+{
     fprintf(stderr, "ddheap-prof: attached to %s (%s:alloc%s)\n", name, p->opt.provider,
             probes_present & DD_PROF_HAS_FREE ? ", free" : "; no free probe: allocation profile only");
-    return 0;
 }
 
 /* Adds delta to one semaphore at addr in the process; false if it
@@ -257,6 +264,12 @@ static void raise_semaphores(struct prof *p, struct dd_prof_proc *proc)
         struct dd_prof_object *o = &proc->objs.v[i];
         if (o->attached && !o->semaphores_raised)
             o->semaphores_raised = add_to_semaphores(p, proc->tgid, o, 1);
+        /* Said once it samples (its data segment may not be mapped yet:
+         * then at a later rescan). */
+        if (o->announce && o->semaphores_raised) {
+            o->announce = false;
+            say_attached(p, o->path, o->probes);
+        }
     }
 }
 
@@ -298,8 +311,10 @@ int dd_prof_rescan(struct prof *p, struct dd_prof_proc *proc)
              * still profiled. */
             char path[96];
             map_files_path(path, sizeof path, proc->tgid, o);
-            o->attached = attach_file(p, proc->tgid, path, o->path, o->dev, o->ino, o->probes) == 0;
+            int r = attach_file(p, proc->tgid, path, o->path, o->dev, o->ino, o->probes);
+            o->attached = r >= 0;
             o->attach_tried = true;
+            o->announce = r > 0;
         }
     }
     raise_semaphores(p, proc);
@@ -408,7 +423,8 @@ static void attach_listed(const char *path, void *ctx)
     struct stat st;
     unsigned probes = stat(path, &st) == 0 ? dd_prof_elf_probes(path, -1) : 0;
     if (probes & DD_PROF_HAS_ALLOC)
-        attach_file(l->p, l->pid, path, path, st.st_dev, st.st_ino, probes);
+        if (attach_file(l->p, l->pid, path, path, st.st_dev, st.st_ino, probes) > 0)
+            say_attached(l->p, path, probes);
 }
 
 static void attach_needed_libraries(struct prof *p, pid_t pid)

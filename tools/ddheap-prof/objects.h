@@ -83,6 +83,7 @@ struct dd_prof_object {
     unsigned probes;   /* DD_PROF_HAS_ALLOC | DD_PROF_HAS_FREE of the provider */
     bool attach_tried, attached;
     bool semaphores_raised; /* by ddheap-prof in this process (attach.c) */
+    bool announce;          /* attached now: said once its semaphores are raised */
 };
 
 struct dd_prof_objects {
