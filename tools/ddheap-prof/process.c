@@ -397,6 +397,9 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
     case DD_PROF_EV_EXIT:
         dd_prof_guardian_gone(proc->tgid);
         proc->gone = true;
+        /* Nothing to lower in it (its pid may be another process's soon). */
+        for (size_t i = 0; i < proc->objs.n; i++)
+            proc->objs.v[i].semaphores_raised = false;
         dd_prof_note_exit(p, proc->tgid, h->ts_ns);
         /* (Its last samples are still to be read: the names are kept.) */
         dd_prof_stop_interpreter_walk(p, proc);
