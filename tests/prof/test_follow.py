@@ -15,6 +15,7 @@ only when not root, and fails when go is missing. Ends with
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -489,9 +490,186 @@ def test_output_targets(c, prof, artifacts, extra):
         shutil.rmtree(where, ignore_errors=True)
 
 
+def alloc_semaphore_address(library):
+    """The link-time address of the ddheap:alloc semaphore in the library
+    (readelf -n: its stapsdt note)."""
+    notes = subprocess.run(["readelf", "-n", library], capture_output=True, text=True,
+                           check=True).stdout
+    m = re.search(r"Provider: ddheap\s+Name: alloc\s+Location: \S+, Base: \S+, "
+                  r"Semaphore: (0x[0-9a-f]+)", notes)
+    if m is None:
+        raise Failure(f"no ddheap:alloc semaphore in {library}")
+    return int(m.group(1), 16)
+
+
+def semaphore_of(pid, library, address):
+    """The ddheap:alloc semaphore as the process holds it in its memory
+    (/proc/PID/mem), None while it does not map the library's writable
+    segment there (before the loader has mapped it, the address reads the
+    file's bytes)."""
+    real = os.path.realpath(library)
+    base = None
+    writable = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 6 or fields[5] != real:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if int(fields[2], 16) == 0 and base is None:
+                base = start
+            if "w" in fields[1]:
+                writable.append((start, end))
+    if base is None or not any(s <= base + address < e for s, e in writable):
+        return None
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        mem.seek(base + address)
+        return int.from_bytes(mem.read(2), "little")
+
+
+def wait_for_semaphore(pid, library, address, proc_to_watch):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        value = semaphore_of(pid, library, address)
+        if value is not None:
+            return value
+        if proc_to_watch.poll() is not None:
+            raise Failure("the bystander ended early")
+        time.sleep(0.02)
+    raise Failure(f"pid {pid} never mapped {library}")
+
+
+def foreign_uprobes(ours):
+    """Names the other processes holding uprobes (bpftool perf list), which
+    a check of the whole host cannot tell from ours: another profiler run
+    at the same time, say. "" if there are none."""
+    try:
+        out = subprocess.run(["bpftool", "perf", "list"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except OSError:
+        return ""
+    owners = {int(m.group(1)) for m in re.finditer(r"^pid (\d+) .* uprobe ", out, re.M)}
+    others = sorted(owners - set(ours))
+    return f"; uprobes of other processes on the host: pids {others}" if others else ""
+
+
+def test_isolation(c, prof, artifacts, extra):
+    """Isolation (issue 27): while ddheap-prof profiles a command (-- CMD,
+    and -p PID -f), a bystander running the preload library (one started
+    before, one after it attached) keeps its alloc semaphore at 0, read
+    from its memory, and `valgrind /bin/true` runs (a uprobe for every
+    process put a breakpoint into every ld.so, and valgrind died of
+    SIGTRAP). The profiled shell's semaphore is raised (the reading is
+    right), and the program it forks and execs is profiled exactly. Once
+    ddheap-prof has ended, by SIGINT or SIGKILL (-p -f), the shell's
+    semaphore is back at 0."""
+    preload, plain = extra
+    preload = os.path.abspath(preload)
+    address = alloc_semaphore_address(preload)
+    env = {**os.environ, "LD_PRELOAD": preload, "DD_HEAP_SAMPLING_INTERVAL": "1"}
+    bystanders = []
+
+    def bystander():
+        b = subprocess.Popen(["sleep", "60"], env=env)
+        bystanders.append(b)
+        return b
+
+    ours = []
+
+    def check_host(what, target_pid):
+        for i, b in enumerate(bystanders):
+            c.equal(wait_for_semaphore(b.pid, preload, address, b), 0,
+                    f"{what}: bystander {i + 1}'s semaphore stays 0")
+        c.check((semaphore_of(target_pid, preload, address) or 0) >= 1,
+                f"{what}: the profiled shell's semaphore is raised")
+        v = subprocess.run(["valgrind", "-q", "/bin/true"], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        c.check(v.returncode == 0 and "SIGTRAP" not in v.stderr,
+                f"{what}: valgrind /bin/true runs (exit {v.returncode}, "
+                f"{v.stderr.strip()[-120:]!r}){foreign_uprobes(ours)}")
+
+    script = f"read go; {plain} \"$1\" 50; read done"
+    try:
+        bystander()
+        for mode in ("cmd", "pid", "kill"):
+            truth_file = os.path.join(artifacts, f"isolation-{mode}.truth")
+            pb = os.path.join(artifacts, f"isolation-{mode}.pb.gz")
+            err = tempfile.NamedTemporaryFile(mode="w+", prefix="ddheap-isolation-")
+            target = p = None
+            shell = ["sh", "-c", script, "sh", truth_file]
+            try:
+                if mode == "cmd":
+                    p = subprocess.Popen([prof, "-o", pb, "--", "env", f"LD_PRELOAD={preload}",
+                                          "DD_HEAP_SAMPLING_INTERVAL=1"] + shell,
+                                         stdin=subprocess.PIPE, stderr=err, text=True)
+                    feed = p.stdin
+                    wait_for_text(err.name, "attached to", p)
+                    with open(err.name) as f:
+                        m = re.search(r"profiling pid (\d+)", f.read())
+                    target_pid = int(m.group(1)) if m else -1
+                else:
+                    target = subprocess.Popen(shell, stdin=subprocess.PIPE, env=env, text=True)
+                    wait_for_semaphore(target.pid, preload, address, target)
+                    p = subprocess.Popen([prof, "-p", str(target.pid), "-f", "-o", pb],
+                                         stderr=err, text=True)
+                    feed = target.stdin
+                    target_pid = target.pid
+                    wait_for_text(err.name, "profiling pid", p)
+                ours[:] = [p.pid]
+                if len(bystanders) == 1:
+                    bystander()  # started while ddheap-prof is attached
+                check_host(f"{mode}, attached", target_pid)
+                feed.write("go\n")
+                feed.flush()
+                deadline = time.time() + TIMEOUT
+                while not os.path.exists(truth_file) and time.time() < deadline:
+                    time.sleep(0.02)
+                check_host(f"{mode}, after a forked child", target_pid)
+                if mode == "pid":
+                    # ddheap-prof ends first: what it raised in the shell is lowered
+                    p.send_signal(signal.SIGINT)
+                    c.equal(p.wait(timeout=TIMEOUT), 0, f"{mode}: ddheap-prof's exit status")
+                    c.equal(semaphore_of(target.pid, preload, address), 0,
+                            f"{mode}: the shell's semaphore is 0 once ddheap-prof has ended")
+                elif mode == "kill":
+                    # killed, its guardian lowers what it raised
+                    p.kill()
+                    p.wait(timeout=TIMEOUT)
+                    deadline = time.time() + TIMEOUT
+                    while (semaphore_of(target.pid, preload, address) != 0 and
+                           time.time() < deadline):
+                        time.sleep(0.02)
+                    c.equal(semaphore_of(target.pid, preload, address), 0,
+                            f"{mode}: the shell's semaphore is 0 once ddheap-prof was SIGKILLed")
+                feed.write("done\n")
+                feed.flush()
+                feed.close()
+                if target is not None:
+                    c.equal(target.wait(timeout=TIMEOUT), 0, f"{mode}: the shell's exit status")
+                else:
+                    c.equal(p.wait(timeout=TIMEOUT), 0, f"{mode}: ddheap-prof's exit status")
+            finally:
+                kill_running(target, p)
+            if mode == "kill":
+                continue
+            with open(truth_file) as f:
+                truth = sum(int(m.group(1)) for m in
+                            re.finditer(r"^site \S+ alloc_bytes (\d+)", f.read(), re.M))
+            got = sum(v for labels, v, frames in traces(pb, "alloc_space")
+                      if any(f.startswith("site_plain_") for f in frames))
+            with open(err.name) as f:
+                said = f.read().strip()[-400:]
+            c.equal(got, truth, f"{mode}: the forked and exec'd program's bytes, exactly "
+                                f"({said!r})")
+    finally:
+        for b in bystanders:
+            b.kill()
+            b.wait()
+
+
 TESTS = {"follow": test_follow, "pid-follow": test_pid_follow, "git": test_git, "signals": test_signals,
          "namespace": test_namespace, "deleted": test_deleted, "outputs": test_outputs,
-         "output-targets": test_output_targets}
+         "output-targets": test_output_targets, "isolation": test_isolation}
 
 
 def main():

@@ -24,7 +24,6 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
-#include <bpf/usdt.bpf.h>
 
 #include "ddheap_prof.h"
 
@@ -46,6 +45,13 @@ const volatile bool follow_children = false;
  * user space can look at the new image's objects; nothing else is done
  * to a process not followed. */
 const volatile bool exec_all = false;
+/* Following with the probe sites shared by every process (attach.c): a
+ * forked child is stopped at its exec, like the command, so that the
+ * user side hooks its loader and raises its semaphores before its
+ * libraries' constructors run. */
+const volatile bool stop_forked_at_exec = false;
+/* Set by the user side as the run ends: nobody would continue a stop. */
+bool no_more_stops = false;
 
 /* Waking the reader for every event costs the traced thread an irq_work
  * each time; the reader polls every 50 ms anyway, so it is woken only
@@ -235,11 +241,17 @@ static __always_inline __u32 copy_stack(struct dd_prof_alloc_event *ev, __u64 sp
     return (__u32)got;
 }
 
-SEC("usdt")
-int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
+/* The probe contract (docs/probes.md) puts the arguments in the SysV
+ * argument registers, in order; attach.c refuses a note that says
+ * otherwise. Following, the uprobes are on the files, for every process:
+ * ours() keeps the followed ones (the others never reach a site: their
+ * semaphores stay 0, attach.c). */
+SEC("uprobe")
+int on_alloc(struct pt_regs *ctx)
 {
     if (!ours())
         return 0;
+    __u64 ptr = PT_REGS_PARM1(ctx), size = PT_REGS_PARM2(ctx), weight = PT_REGS_PARM3(ctx);
     __u32 cpu = bpf_get_smp_processor_id();
     struct alloc_scratch *s = bpf_map_lookup_elem(&scratch, &cpu);
     if (!s)
@@ -294,11 +306,12 @@ int BPF_USDT(on_alloc, __u64 ptr, __u64 size, __u64 weight)
     return 0;
 }
 
-SEC("usdt")
-int BPF_USDT(on_free, __u64 ptr)
+SEC("uprobe")
+int on_free(struct pt_regs *ctx)
 {
     if (!ours())
         return 0;
+    __u64 ptr = PT_REGS_PARM1(ctx);
     struct dd_prof_free_event *ev = bpf_ringbuf_reserve(&events, sizeof *ev, 0);
     if (!ev) {
         __sync_fetch_and_add(&lost[DD_PROF_EV_FREE], 1);
@@ -334,7 +347,9 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
     if (!follow_children || parent_tgid == child_tgid ||
         !bpf_map_lookup_elem(&followed, &parent_tgid))
         return 0;
-    __u32 flags = 0; /* never stopped: its parent could see that */
+    /* Never stopped at its fork (its parent could see that, and it runs
+     * its parent's image, semaphores included); at its exec, maybe. */
+    __u32 flags = stop_forked_at_exec ? DD_PROF_STOP_AT_EXEC : 0;
     bpf_map_update_elem(&followed, &child_tgid, &flags, BPF_ANY);
     proc_event(DD_PROF_EV_FORK, child_tgid, parent_tgid);
     return 0;
@@ -353,9 +368,10 @@ int BPF_PROG(on_exec, struct task_struct *p, pid_t old_pid, struct linux_binprm 
             proc_event(DD_PROF_EV_EXEC_OTHER, tgid, 0);
         return 0;
     }
-    if (*flags & DD_PROF_STOP_AT_EXEC)
-        bpf_send_signal(DD_SIGSTOP);
-    proc_event(DD_PROF_EV_EXEC, tgid, 0);
+    __u64 stopped = 0;
+    if ((*flags & DD_PROF_STOP_AT_EXEC) && !no_more_stops && bpf_send_signal(DD_SIGSTOP) == 0)
+        stopped = 1;
+    proc_event(DD_PROF_EV_EXEC, tgid, stopped);
     return 0;
 }
 
@@ -387,7 +403,7 @@ int on_loader(struct pt_regs *ctx)
     if (bpf_probe_read_user(&state, sizeof state, (void *)at) != 0 ||
         state != DD_PROF_RT_CONSISTENT)
         return 0;
-    if (*flags & DD_PROF_STOP_AT_LOADER) {
+    if ((*flags & DD_PROF_STOP_AT_LOADER) && !no_more_stops) {
         __u32 rest = *flags & ~(__u32)DD_PROF_STOP_AT_LOADER;
         bpf_map_update_elem(&followed, &tgid, &rest, BPF_EXIST);
         bpf_send_signal(DD_SIGSTOP);

@@ -44,7 +44,9 @@ enum dd_prof_event_type {
 enum dd_prof_follow_flags {
     /* Our own child: stopped (SIGSTOP) at each exec, before the new
      * image's first instruction, so its objects are attached first. Only
-     * its parent, ddheap-prof, can see that stop. */
+     * its parent, ddheap-prof, can see that stop. Following (not --all),
+     * a forked child too: its parent may see that stop (SIGCHLD with
+     * CLD_STOPPED, waitpid with WUNTRACED), for a few milliseconds. */
     DD_PROF_STOP_AT_EXEC = 1,
     /* ... and stopped once more when its dynamic loader has mapped the
      * initial libraries, before their constructors run. */

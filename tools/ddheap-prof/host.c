@@ -237,7 +237,7 @@ void dd_prof_host_on_fork(struct prof *p, struct dd_prof_proc *child)
     /* Its objects are copies of its parent's, attached for the parent's
      * pid only: attached again for its own. */
     for (size_t i = 0; i < child->objs.n; i++)
-        child->objs.v[i].attached = false;
+        child->objs.v[i].attached = child->objs.v[i].attach_tried = false;
     dd_prof_rescan(p, child);
 }
 

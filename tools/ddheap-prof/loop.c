@@ -371,6 +371,7 @@ int dd_prof_setup_bpf(struct prof *p)
     }
     p->skel->rodata->follow_children = p->opt.follow;
     p->skel->rodata->exec_all = p->opt.all;
+    p->skel->rodata->stop_forked_at_exec = p->opt.follow && !p->opt.all;
     p->skel->rodata->stack_bytes = p->opt.unwind_fp ? 0 : (uint32_t)p->opt.stack_bytes;
     int cpus = libbpf_num_possible_cpus();
     /* A ring buffer's size is a power of two, at least a page. */
@@ -413,6 +414,11 @@ int dd_prof_setup_bpf(struct prof *p)
         p->tracepoint_links[i] = l;
     }
     return 0;
+}
+
+void dd_prof_no_more_stops(struct prof *p)
+{
+    p->skel->bss->no_more_stops = true;
 }
 
 int dd_prof_follow(struct prof *p, pid_t tgid, uint32_t flags)

@@ -73,6 +73,7 @@ static void free_run(struct prof *p)
     free(p->link_pids);
     free(p->attached);
     free(p->loader_hooked);
+    free(p->sem_files);
     dd_prof_snapshots_free(p);
 }
 
@@ -137,6 +138,7 @@ int main(int argc, char **argv)
     p.pid = p.opt.pid;
     if (dd_prof_setup_bpf(&p) != 0)
         return 1;
+    dd_prof_guardian_start(&p);
     p.started_realtime = dd_prof_now_ns(CLOCK_REALTIME);
     p.started_mono = dd_prof_now_ns(CLOCK_MONOTONIC);
     if (p.opt.all) {

@@ -81,7 +81,9 @@ struct dd_prof_object {
     struct dd_prof_file *file; /* shared with every load of the same file */
     const char *build_id; /* its file's, hex, "" if none */
     unsigned probes;   /* DD_PROF_HAS_ALLOC | DD_PROF_HAS_FREE of the provider */
-    bool attached;
+    bool attach_tried, attached;
+    bool semaphores_raised; /* by ddheap-prof in this process (attach.c) */
+    bool announce;          /* attached now: said once its semaphores are raised */
 };
 
 struct dd_prof_objects {

@@ -262,20 +262,38 @@ static void resume(struct prof *p)
 
 void dd_prof_let_go(struct prof *p)
 {
+    dd_prof_no_more_stops(p);
     dd_prof_follow(p, p->pid, 0);
     /* A stop made before that has its event waiting: handled here. */
     ring_buffer__consume(p->rb);
     if (p->child_stopped)
         resume(p);
+    dd_prof_end_stops(p);
 }
 
-static void on_exec(struct prof *p, struct dd_prof_proc *proc)
+void dd_prof_end_stops(struct prof *p)
+{
+    dd_prof_no_more_stops(p);
+    for (size_t i = 0; i < p->proc_ids.n; i++)
+        if (p->procs[i].loader_stop_pending) {
+            p->procs[i].loader_stop_pending = false;
+            kill(p->procs[i].tgid, SIGCONT);
+        }
+}
+
+static void on_exec(struct prof *p, struct dd_prof_proc *proc, bool stopped)
 {
     /* The old image's objects are gone with it; they are forgotten unless
      * a stack may point into them (the first mapping is what pprof takes
      * for the main binary). */
     if (proc->samples == 0)
         dd_prof_objects_free(&proc->objs);
+    /* Kept, they only name frames: nothing is attached or raised in them
+     * (their addresses are the new image's now). */
+    for (size_t i = 0; i < proc->objs.n; i++) {
+        proc->objs.v[i].attach_tried = true;
+        proc->objs.v[i].attached = proc->objs.v[i].semaphores_raised = false;
+    }
     /* Its unwinding session knew the old image's modules. */
     dd_prof_unwinder_release(proc->unwinder.session);
     proc->unwinder = (struct dd_prof_unwind_hold){0};
@@ -287,7 +305,14 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc)
     if (ours)
         p->child_stopped = true;
     dd_prof_rescan(p, proc);
-    bool loader_stop = dd_prof_prepare_exec(p, proc) && ours;
+    bool loader_stop = dd_prof_prepare_exec(p, proc) && (ours || stopped);
+    if (stopped && !ours) {
+        /* A descendant, stopped by the BPF side (DD_PROF_STOP_AT_EXEC). */
+        if (loader_stop &&
+            dd_prof_follow(p, proc->tgid, DD_PROF_STOP_AT_EXEC | DD_PROF_STOP_AT_LOADER) == 0)
+            proc->loader_stop_pending = true;
+        kill(proc->tgid, SIGCONT);
+    }
     if (ours) {
         p->interval = dd_prof_interval_of(p->pid);
         /* On to the loader's stop, where the libraries are attached. */
@@ -343,15 +368,21 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
             p->oom = true;
         else if (p->opt.all)
             dd_prof_host_on_fork(p, proc);
+        dd_prof_guardian_fork(proc->tgid, parent->tgid);
         dd_prof_inherit_interpreter(p, proc, parent);
         break;
     }
     case DD_PROF_EV_EXEC:
+        dd_prof_guardian_gone(proc->tgid);
         proc->known = true;
-        on_exec(p, proc);
+        on_exec(p, proc, h->ptr != 0);
         break;
     case DD_PROF_EV_LOADED:
         dd_prof_rescan(p, proc);
+        if (proc->loader_stop_pending) {
+            proc->loader_stop_pending = false;
+            kill(proc->tgid, SIGCONT);
+        }
         if (p->child && proc->tgid == p->pid && p->loader_stop_pending) {
             p->loader_stop_pending = false;
             if (p->nattached == 0)
@@ -364,7 +395,11 @@ int dd_prof_on_proc_event(void *ctx, void *data, size_t size)
         }
         break;
     case DD_PROF_EV_EXIT:
+        dd_prof_guardian_gone(proc->tgid);
         proc->gone = true;
+        /* Nothing to lower in it (its pid may be another process's soon). */
+        for (size_t i = 0; i < proc->objs.n; i++)
+            proc->objs.v[i].semaphores_raised = false;
         dd_prof_note_exit(p, proc->tgid, h->ts_ns);
         /* (Its last samples are still to be read: the names are kept.) */
         dd_prof_stop_interpreter_walk(p, proc);

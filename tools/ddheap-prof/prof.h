@@ -77,6 +77,14 @@ struct snapshots {
     bool failed;
 };
 
+/* An attached file's semaphores, raised by ddheap-prof in the processes
+ * it follows (attach.c). */
+struct dd_prof_sem_file {
+    uint64_t dev, ino;
+    uint64_t addr[16]; /* link-time addresses */
+    size_t n;
+};
+
 struct file_id {
     uint64_t dev, ino;
     pid_t pid; /* --all: the process it was attached for; 0 otherwise */
@@ -98,6 +106,7 @@ struct dd_prof_proc {
      * for it (loop.c): its objects are what the reader can know. */
     bool known;
     bool links_released; /* --all: its uprobes released once gone (host.c) */
+    bool loader_stop_pending; /* a descendant stopped for us, at its loader to come */
     struct dd_prof_objects objs;
     /* Its DWARF unwinding session (shared with the processes whose
      * objects are the same), taken for objs at its first copied stack;
@@ -168,6 +177,8 @@ struct prof {
     size_t nlinks, links_cap;
     struct file_id *attached;
     size_t nattached, attached_cap;
+    struct dd_prof_sem_file *sem_files;
+    size_t nsem_files, sem_files_cap;
     uint64_t interval; /* the process's sampling interval: pprof's period */
     bool oom;
     bool interrupted; /* the run was ended by Ctrl-C, SIGTERM or -d */
@@ -281,12 +292,28 @@ void dd_prof_inherit_interpreter(struct prof *p, struct dd_prof_proc *proc,
 void dd_prof_stop_interpreter_walk(struct prof *p, struct dd_prof_proc *proc);
 /* The process's interpreter is forgotten (its exec, its fork's copy). */
 void dd_prof_forget_interpreter(struct prof *p, struct dd_prof_proc *proc);
+/* Lowers the semaphores ddheap-prof raised in the live processes. */
+bool dd_prof_sites_shared(const struct prof *p);
+void dd_prof_lower_semaphores(struct prof *p);
 /* Destroys every link; the uprobes go once ddheap-prof has exited. */
 void dd_prof_detach_all(struct prof *p);
+
+/* guardian.c: undoes, if ddheap-prof dies, the semaphores it raised and
+ * the stops it made in the processes it follows. */
+void dd_prof_guardian_start(struct prof *p);
+void dd_prof_guardian_raised(pid_t pid, uint64_t addr, int delta);
+void dd_prof_guardian_fork(pid_t child, pid_t parent);
+void dd_prof_guardian_gone(pid_t pid); /* its exec or exit */
+/* All is undone: the guardian leaves. */
+void dd_prof_guardian_done(void);
 
 /* loop.c */
 /* Opens and loads the BPF programs, and attaches the process tracepoints. */
 int dd_prof_setup_bpf(struct prof *p);
+/* No process is stopped any more; those waiting for us are continued. */
+void dd_prof_end_stops(struct prof *p);
+/* The BPF side stops no process any more (the run ends). */
+void dd_prof_no_more_stops(struct prof *p);
 /* Adds a process to the BPF map of followed ones. */
 int dd_prof_follow(struct prof *p, pid_t tgid, uint32_t flags);
 /* A followed process other than the target exited at ts_ns: its blocks
