@@ -407,9 +407,46 @@ static bool python_in_eval_loop(const void *state, uint64_t addr)
            (addr >= st->cold_lo && addr < st->cold_hi);
 }
 
+/* Whether s is well-formed UTF-8 (no overlong form, surrogate or code
+ * point past U+10FFFF). A str read while the process frees or reuses it
+ * can hold anything, and a profile's strings must be text. */
+static bool is_utf8(const unsigned char *s)
+{
+    while (*s) {
+        unsigned n = *s < 0x80 ? 0 : (*s & 0xe0) == 0xc0 ? 1 : (*s & 0xf0) == 0xe0 ? 2
+                                   : (*s & 0xf8) == 0xf0 ? 3 : 4;
+        if (n == 4)
+            return false;
+        uint32_t c = n == 0 ? *s : *s & (0x3f >> n);
+        for (unsigned k = 1; k <= n; k++) {
+            if ((s[k] & 0xc0) != 0x80)
+                return false;
+            c = c << 6 | (s[k] & 0x3f);
+        }
+        static const uint32_t least[] = {0, 0x80, 0x800, 0x10000};
+        if (c < least[n] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return false;
+        s += n + 1;
+    }
+    return true;
+}
+
+static char *read_str_unchecked(pid_t pid, const struct names_layout *l, uint64_t addr);
+
 /* A str object's characters as UTF-8 (malloc'd), or NULL: compact
- * strings only (every identifier and file name is). */
+ * strings only (every identifier and file name is), and only what reads
+ * as text. */
 static char *read_str(pid_t pid, const struct names_layout *l, uint64_t addr)
+{
+    char *s = read_str_unchecked(pid, l, addr);
+    if (s && !is_utf8((const unsigned char *)s)) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static char *read_str_unchecked(pid_t pid, const struct names_layout *l, uint64_t addr)
 {
     uint8_t h[0x48];
     if (!read_mem(pid, addr, h, sizeof h))
