@@ -156,10 +156,11 @@ def test_cmd(c, prof, workload, artifacts, extra):
     inuse_space are within 5 sigma of the truth; the executable's mapping
     carries its build id; frames have file:line; --folded carries the same
     inuse_space per site; no event was lost (the ring buffer holds the
-    whole run, as in test_exact)."""
+    whole run, as in test_exact); every address was named as its stack
+    arrived, none left for the end (-v says how many of each)."""
     interval = 65536
     truth, raw, err, paths = run_cmd(
-        prof, ["--ringbuf-kb", "131072"], [workload, "--truth={truth}", "--threads=2", "--rounds=2000", f"--seed={SEED}"],
+        prof, ["-v", "--ringbuf-kb", "131072"], [workload, "--truth={truth}", "--threads=2", "--rounds=2000", f"--seed={SEED}"],
         {"DD_HEAP_SAMPLING_INTERVAL": str(interval)}, artifacts, "cmd")
     c.equal(raw["types"], ["alloc_objects", "alloc_space", "inuse_objects", "inuse_space"],
             "sample types")
@@ -177,6 +178,9 @@ def test_cmd(c, prof, workload, artifacts, extra):
     c.check(any("lost events: 0 " in x for x in raw["comments"]),
             f"profile comment says no event was lost: {raw['comments']}")
     c.check("LOST" not in err, "no lost events reported on stderr")
+    named = re.search(r"addresses named: (\d+) as their stacks arrived, (\d+) when writing", err)
+    c.check(named and int(named.group(1)) > 0 and named.group(2) == "0",
+            f"every address named as its stack arrived: {named and named.group(0)}")
     folded = folded_per_site(paths["folded"])
     c.equal(folded, {k: v for k, v in inuse.items() if v > 0},
             "--folded inuse_space per site = the profile's")

@@ -179,13 +179,21 @@ static void apply_event(struct prof *p, uint32_t type, const struct dd_prof_samp
     if (sample->ptr == 0)
         return;
     struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)sample->tgid);
-    if (proc == NULL || dd_prof_table_alloc(&p->table, sample, frames, n))
+    size_t stacks_before = p->table.nstacks;
+    if (proc == NULL || dd_prof_table_alloc(&p->table, sample, frames, n)) {
         p->oom = true;
+        return;
+    }
+    /* A stack not seen before is named now, while its objects are mapped
+     * and its files are where they were (the table's stacks are only
+     * ever appended). */
+    if (p->table.nstacks > stacks_before)
+        dd_prof_symbolize_ahead(&proc->objs, frames, n);
     /* An event that came after its process's exit was applied (stamped
      * before it, read after): what it allocated is gone with the process
      * too. */
-    else if (proc->exit_applied &&
-             dd_prof_table_process_exit(&p->table, sample->tgid, sample->ts_ns) < 0)
+    if (proc->exit_applied &&
+        dd_prof_table_process_exit(&p->table, sample->tgid, sample->ts_ns) < 0)
         p->oom = true;
 }
 

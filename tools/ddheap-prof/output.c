@@ -783,5 +783,11 @@ int dd_prof_write_outputs(struct prof *p, struct outputs *f)
         rc = publish_outputs();
     if (rc != 0)
         dd_prof_discard_outputs();
+    if (p->opt.verbose) {
+        uint64_t ahead, later;
+        dd_prof_symbolize_counts(&ahead, &later);
+        fprintf(stderr, "ddheap-prof: addresses named: %" PRIu64 " as their stacks arrived, %" PRIu64
+                        " when writing\n", ahead, later);
+    }
     return rc;
 }

@@ -14,6 +14,7 @@
  */
 #include "symbolize.h"
 
+#include "interp.h"
 #include "intern.h"
 #include "unwind.h"
 
@@ -51,6 +52,13 @@ struct file_session {
 struct dd_prof_symbolizer {
     const struct dd_prof_objects *objs;
 };
+
+/* Addresses resolved (not found remembered), [1] as their stacks arrived
+ * (dd_prof_symbolize_ahead), [0] later, when a report asked. */
+static struct {
+    bool ahead;
+    uint64_t resolved[2];
+} naming;
 
 static char *debuginfo_path;
 static const Dwfl_Callbacks callbacks = {
@@ -315,6 +323,7 @@ void dd_prof_symbolize(struct dd_prof_symbolizer *s, uint64_t addr, bool return_
         return;
     }
     if (m->at == 0) {
+        naming.resolved[naming.ahead]++;
         resolve(o->file, fs, at, &m->frame);
         m->at = at + 1;
         fs->nmemo++;
@@ -326,4 +335,23 @@ void dd_prof_symbolize(struct dd_prof_symbolizer *s, uint64_t addr, bool return_
 void dd_prof_symbolizer_free(struct dd_prof_symbolizer *s)
 {
     free(s);
+}
+
+void dd_prof_symbolize_ahead(const struct dd_prof_objects *objs, const uint64_t *frames,
+                             uint32_t n)
+{
+    struct dd_prof_symbolizer s = {objs};
+    struct dd_prof_frame ignored;
+    naming.ahead = true;
+    for (uint32_t k = 0; k < n; k++) {
+        if (!dd_prof_interp_is_frame(frames[k]))
+            dd_prof_symbolize(&s, frames[k], k > 0, &ignored);
+    }
+    naming.ahead = false;
+}
+
+void dd_prof_symbolize_counts(uint64_t *ahead, uint64_t *later)
+{
+    *ahead = naming.resolved[1];
+    *later = naming.resolved[0];
 }
