@@ -162,8 +162,11 @@ static void adopt(struct prof *p, pid_t pid)
     }
     if (dd_prof_rescan(p, proc) < 0)
         return; /* gone meanwhile */
+    bool rate_limited;
+    uint64_t interval = dd_prof_interval_of(pid, &rate_limited);
     if (p->interval == 0)
-        p->interval = dd_prof_interval_of(pid);
+        p->interval = interval;
+    p->rate_limited = p->rate_limited && rate_limited;
     char exe[PATH_MAX];
     fprintf(stderr, "ddheap-prof: profiling pid %d (%s)\n", (int)pid,
             exe_of(pid, exe, sizeof exe) ? exe : "?");

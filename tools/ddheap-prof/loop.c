@@ -179,16 +179,10 @@ static void apply_event(struct prof *p, uint32_t type, const struct dd_prof_samp
     if (sample->ptr == 0)
         return;
     struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)sample->tgid);
-    size_t stacks_before = p->table.nstacks;
     if (proc == NULL || dd_prof_table_alloc(&p->table, sample, frames, n)) {
         p->oom = true;
         return;
     }
-    /* A stack not seen before is named now, while its objects are mapped
-     * and its files are where they were (the table's stacks are only
-     * ever appended). */
-    if (p->table.nstacks > stacks_before)
-        dd_prof_symbolize_ahead(&proc->objs, frames, n);
     /* An event that came after its process's exit was applied (stamped
      * before it, read after): what it allocated is gone with the process
      * too. */
@@ -339,6 +333,53 @@ static int on_event(void *ctx, void *data, size_t size)
     else
         apply_event(p, h->type, &sample, frames, n);
     return 0;
+}
+
+/* Naming the stacks (symbolize.h) is the reader's background work, done
+ * between reads while the process's objects are mapped and its files are
+ * where they were, so that a profile written later finds every address
+ * named. Events come first, and one stack can take tens of milliseconds
+ * to name (the first frame of a library with debug info: its DWARF is
+ * read then). So naming runs only while the processes sample at a limited
+ * rate (the default: 3000 samples a second, which 16 MiB holds for a
+ * third of a second even at 16 KiB of stack each), when the buffer, at
+ * the rate the last read found, would take NAMING_HEADROOM_NS or more to
+ * fill, and for NAMING_BUDGET_NS at a time. Without a limit (exact mode
+ * fills 16 MiB in milliseconds in a burst) naming waits for the end of
+ * the run: named in the event handler, events were lost there. The
+ * table's stacks are only ever appended, so those from p->stacks_named
+ * on are the new ones. */
+#define NAMING_BUDGET_NS 5000000LL
+#define NAMING_HEADROOM_NS 1000000000LL
+
+static bool room_to_name(struct prof *p, uint64_t bytes_just_read, int64_t now)
+{
+    int64_t since = now - p->last_read_ns;
+    p->last_read_ns = now;
+    uint64_t size = (uint64_t)p->opt.ringbuf_kb * 1024;
+    if (!p->rate_limited)
+        return false; /* its bursts cannot be foreseen */
+    if (bytes_just_read == 0)
+        return true;
+    if (bytes_just_read >= size || since <= 0)
+        return false;
+    /* (size - read) / (read / since) >= headroom, without dividing. */
+    return (double)(size - bytes_just_read) * (double)since >=
+           (double)NAMING_HEADROOM_NS * (double)bytes_just_read;
+}
+
+static void name_new_stacks(struct prof *p, uint64_t bytes_just_read)
+{
+    int64_t now = dd_prof_now_ns(CLOCK_MONOTONIC);
+    if (!room_to_name(p, bytes_just_read, now))
+        return;
+    int64_t until = now + NAMING_BUDGET_NS;
+    while (p->stacks_named < p->table.nstacks && dd_prof_now_ns(CLOCK_MONOTONIC) < until) {
+        const struct dd_prof_stack *s = &p->table.stacks[p->stacks_named++];
+        struct dd_prof_proc *proc = dd_prof_proc_of(p, (pid_t)s->tgid);
+        if (proc != NULL)
+            dd_prof_symbolize_ahead(&proc->objs, s->frames, s->nframes);
+    }
 }
 
 /* A consume of both ring buffers, with the horizon set at its start;
@@ -527,7 +568,8 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
     dd_prof_table_advance(&p->table, (uint64_t)p->started_mono);
     int64_t deadline =
         p->opt.duration > 0 ? p->started_mono + (int64_t)(p->opt.duration * 1e9) : 0;
-    int64_t next_scan = dd_prof_now_ns(CLOCK_MONOTONIC) + RESCAN_MS * 1000000LL;
+    p->last_read_ns = dd_prof_now_ns(CLOCK_MONOTONIC);
+    int64_t next_scan = p->last_read_ns + RESCAN_MS * 1000000LL;
     bool cut_short = false;
     /* With --http the server goes on after the target's end, until
      * stopped: its last profile is still served. */
@@ -551,12 +593,14 @@ bool dd_prof_run_loop(struct prof *p, bool *exited, int *status)
             cut_short = true;
             break;
         }
+        uint64_t bytes_before = p->event_bytes;
         int got = consume(p);
         if (got < 0 && got != -EINTR) {
             fprintf(stderr, "ddheap-prof: reading the ring buffer: %s\n", strerror(-got));
             cut_short = true;
             break;
         }
+        name_new_stacks(p, p->event_bytes - bytes_before);
         end_sessions_of_gone(p);
         now = dd_prof_now_ns(CLOCK_MONOTONIC);
         dd_prof_host_poll(p, now);

@@ -105,6 +105,7 @@ int main(int argc, char **argv)
     dd_prof_table_init(&p.table);
     p.table.max_live = p.opt.max_live;
     p.table.max_stacks = p.opt.max_stacks;
+    p.rate_limited = true; /* until a process is found without a limit */
     if (geteuid() != 0) {
         fprintf(stderr, "ddheap-prof: must run as root (it loads BPF programs and attaches "
                         "uprobes)\n");
@@ -171,7 +172,7 @@ int main(int argc, char **argv)
                     (int)p.pid, p.opt.provider);
             return 1;
         }
-        p.interval = dd_prof_interval_of(p.pid);
+        p.interval = dd_prof_interval_of(p.pid, &p.rate_limited);
     }
     if (p.opt.all)
         fprintf(stderr, "ddheap-prof: profiling every process with %s probes; Ctrl-C to stop\n",

@@ -785,9 +785,10 @@ int dd_prof_write_outputs(struct prof *p, struct outputs *f)
         dd_prof_discard_outputs();
     if (p->opt.verbose) {
         uint64_t ahead, later;
-        dd_prof_symbolize_counts(&ahead, &later);
-        fprintf(stderr, "ddheap-prof: addresses named: %" PRIu64 " as their stacks arrived, %" PRIu64
-                        " when writing\n", ahead, later);
+        double longest_ms;
+        dd_prof_symbolize_counts(&ahead, &later, &longest_ms);
+        fprintf(stderr, "ddheap-prof: addresses named: %" PRIu64 " while running (the longest "
+                        "stack %.1f ms), %" PRIu64 " when writing\n", ahead, longest_ms, later);
     }
     return rc;
 }

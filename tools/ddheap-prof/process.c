@@ -88,18 +88,22 @@ static uint64_t parse_interval(const char *s)
     return *end ? 0 : (uint64_t)v;
 }
 
-/* pprof's period (prof.h). */
-uint64_t dd_prof_interval_of(pid_t pid)
+/* pprof's period, and whether the rate is limited (prof.h). */
+uint64_t dd_prof_interval_of(pid_t pid, bool *rate_limited)
 {
     char *buf = NULL;
     char **env = dd_prof_environment_of(pid, &buf);
     uint64_t interval = 512 * 1024;
-    for (size_t i = 0; env && env[i]; i++)
+    *rate_limited = true;
+    for (size_t i = 0; env && env[i]; i++) {
         if (strncmp(env[i], "DD_HEAP_SAMPLING_INTERVAL=", 26) == 0) {
             uint64_t v = parse_interval(env[i] + 26);
             if (v)
                 interval = v;
         }
+        if (strcmp(env[i], "DD_HEAP_SAMPLES_PER_SECOND=0") == 0)
+            *rate_limited = false;
+    }
     free(env);
     free(buf);
     return interval;
@@ -314,7 +318,7 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc, bool stopped)
         kill(proc->tgid, SIGCONT);
     }
     if (ours) {
-        p->interval = dd_prof_interval_of(p->pid);
+        p->interval = dd_prof_interval_of(p->pid, &p->rate_limited);
         /* On to the loader's stop, where the libraries are attached. */
         if (loader_stop &&
             dd_prof_follow(p, proc->tgid, DD_PROF_STOP_AT_EXEC | DD_PROF_STOP_AT_LOADER) == 0)

@@ -171,6 +171,8 @@ struct prof {
     uint64_t deferred_first_ns;
     struct dd_prof_unwind_stats unwind_stats; /* of every process's session (-v) */
     uint64_t event_bytes, events;      /* read from the ring buffer (-v) */
+    size_t stacks_named; /* the table's stacks [0, stacks_named) are named (loop.c) */
+    int64_t last_read_ns;  /* when the loop last read the ring buffer */
     struct bpf_link *tracepoint_links[3]; /* fork, exec, exit */
     struct bpf_link **links;
     pid_t *link_pids; /* the process each link was made for */
@@ -180,6 +182,10 @@ struct prof {
     struct dd_prof_sem_file *sem_files;
     size_t nsem_files, sem_files_cap;
     uint64_t interval; /* the process's sampling interval: pprof's period */
+    /* Every process profiled samples at a limited rate (the library's
+     * default), so its events cannot burst: the reader names stacks while
+     * the run goes on only then (loop.c). */
+    bool rate_limited;
     bool oom;
     bool interrupted; /* the run was ended by Ctrl-C, SIGTERM or -d */
     int64_t started_realtime, started_mono; /* ns, when profiling began */
@@ -235,8 +241,9 @@ char **dd_prof_environment_of(pid_t pid, char **buf_out);
 pid_t dd_prof_tgid_of(pid_t id);
 bool dd_prof_process_gone(pid_t pid);
 /* The mean sampling interval the process runs with, as its environment
- * says (ddheap's default otherwise). */
-uint64_t dd_prof_interval_of(pid_t pid);
+ * says (ddheap's default otherwise), and whether its samples are limited
+ * to a rate (not with DD_HEAP_SAMPLES_PER_SECOND=0). */
+uint64_t dd_prof_interval_of(pid_t pid, bool *rate_limited);
 
 /* libstatus.c: what the library recorded in the process's status word,
  * read now; said once per kind by dd_prof_report_library_status. */

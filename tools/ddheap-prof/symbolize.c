@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* What one address of a file resolved to (object left NULL). */
@@ -58,6 +59,7 @@ struct dd_prof_symbolizer {
 static struct {
     bool ahead;
     uint64_t resolved[2];
+    double longest_ms; /* the longest stack named ahead */
 } naming;
 
 static char *debuginfo_path;
@@ -342,16 +344,23 @@ void dd_prof_symbolize_ahead(const struct dd_prof_objects *objs, const uint64_t 
 {
     struct dd_prof_symbolizer s = {objs};
     struct dd_prof_frame ignored;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     naming.ahead = true;
     for (uint32_t k = 0; k < n; k++) {
         if (!dd_prof_interp_is_frame(frames[k]))
             dd_prof_symbolize(&s, frames[k], k > 0, &ignored);
     }
     naming.ahead = false;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    if (ms > naming.longest_ms)
+        naming.longest_ms = ms;
 }
 
-void dd_prof_symbolize_counts(uint64_t *ahead, uint64_t *later)
+void dd_prof_symbolize_counts(uint64_t *ahead, uint64_t *later, double *longest_ms)
 {
     *ahead = naming.resolved[1];
     *later = naming.resolved[0];
+    *longest_ms = naming.longest_ms;
 }

@@ -48,16 +48,16 @@ void dd_prof_symbolize(struct dd_prof_symbolizer *s, uint64_t addr, bool return_
                        struct dd_prof_frame *out);
 void dd_prof_symbolizer_free(struct dd_prof_symbolizer *s);
 
-/* Resolves the frames of a stack just seen (innermost first, as the
+/* Resolves the frames of a stack seen lately (innermost first, as the
  * unwinder gives them) with the process's objects of now, so that the
- * work of naming is done as samples arrive and a report later finds every
- * address remembered (each file's session keeps what it resolved).
+ * work of naming is done while the run goes on and a report later finds
+ * every address remembered (each file's session keeps what it resolved).
  * Interpreter frames (interp.h) are named already and are passed over. */
 void dd_prof_symbolize_ahead(const struct dd_prof_objects *objs, const uint64_t *frames,
                              uint32_t n);
-/* How many addresses were resolved so far: ahead, as their stacks
- * arrived; later, by a report (a stack named late, which costs the end of
- * the run). */
-void dd_prof_symbolize_counts(uint64_t *ahead, uint64_t *later);
+/* How many addresses were resolved so far: ahead, while the run went on;
+ * later, by a report (stacks not named ahead: the end of the run pays);
+ * and the longest a stack named ahead took. */
+void dd_prof_symbolize_counts(uint64_t *ahead, uint64_t *later, double *longest_ms);
 
 #endif
