@@ -3,9 +3,11 @@
 # where the first passed (suites: tests/meson.build; times and the reasons
 # in docs/reliability.md, "How long the suite takes"):
 #
-#   header debug    everything but suites 'ratelimit', 'estimates',
-#                   'packaging' and 'cpython'
-#   header release  everything but suite 'once'
+#   header debug    suites 'frames' (what the build type changes) and
+#                   'once'; its unit and stress suites run in stage 20,
+#                   same build type and scheme, under ASan, UBSan and TSan
+#   header release  everything but suite 'once': the tracer, preload and
+#                   prof suites run here, in the build users ship
 #   shadow release  everything the marking scheme changes: all but suites
 #                   'once', 'ratelimit' (rates do not depend on the scheme),
 #                   'packaging', 'preload' and 'cpython' (the preload
@@ -43,9 +45,10 @@ run() { # dir, meson test selection...
 # -Dprof=enabled: ddheap-prof and its suite must be built here, never left
 # out quietly because a dependency went missing. The benchmarks are
 # compiled once, in the release build (no test runs them; bench/run does).
-setup build-ci/native-debug -Dbuildtype=debug -Dprof=enabled -Dbench=false
-run build-ci/native-debug --no-suite ratelimit --no-suite estimates --no-suite packaging \
-  --no-suite cpython
+# ddheap-prof's suite runs in the release build only (the tool as installed):
+# not built here, like the shadow builds below.
+setup build-ci/native-debug -Dbuildtype=debug -Dprof=disabled -Dbench=false -Dexamples=false
+run build-ci/native-debug --suite frames --suite once
 setup build-ci/native-release -Dbuildtype=release -Dprof=enabled
 run build-ci/native-release --no-suite once
 # ddheap-prof does not depend on how the library marks blocks: its suite
