@@ -223,29 +223,19 @@ def test_exact(c, prof, workload, artifacts, extra):
 def test_pid(c, prof, workload, artifacts, extra):
     """-p PID: attach to a running workload (which then allocates), stop
     with SIGINT while it lingers; estimates within 5 sigma of its truth,
-    blocks allocated before the attach (--pre) not in the profile; every
-    address was named while the run went on (the reader names stacks
-    between reads), none left for the end (-v counts both)."""
+    blocks allocated before the attach (--pre) not in the profile."""
     interval = 65536
     pb = os.path.join(artifacts, "pid.pb.gz")
     w = Workload(workload, ["--threads=2", "--rounds=1500", f"--seed={SEED}", "--pre=500",
                             "--go", "--linger=stdin"],
-                 # A limit, as the library has by default (the tests' own
-                 # environment has none), so high it never binds: the
-                 # reader names stacks during the run only when samples
-                 # come at a limited rate (loop.c).
-                 {"DD_HEAP_SAMPLING_INTERVAL": str(interval),
-                  "DD_HEAP_SAMPLES_PER_SECOND": "1000000"})
+                 {"DD_HEAP_SAMPLING_INTERVAL": str(interval)})
     p = None
     try:
         w.wait_line("workload: pid=")
-        p = Prof(prof, ["-v", "-p", str(w.pid), "-o", pb])
+        p = Prof(prof, ["-p", str(w.pid), "-o", pb])
         p.wait_for("ddheap-prof: profiling pid")
         w.send("go")
         w.wait_line("workload: lingering")
-        # The reader wakes every 50 ms; named between reads, a handful of
-        # stacks take well under this.
-        time.sleep(2)
         rc = p.finish(signal.SIGINT)
         c.equal(rc, 0, "ddheap-prof exit code after SIGINT")
         w.send("exit")
@@ -260,10 +250,59 @@ def test_pid(c, prof, workload, artifacts, extra):
     check_estimates(c, truth, raw, interval)
     c.check("site_pre_attach" not in per_site(raw, "alloc_space"),
             "no block allocated before the attach")
-    named = re.search(r"addresses named: (\d+) while running \(the longest stack [\d.]+ ms\), (\d+) "
-                      r"when writing", p.text())
-    c.check(named and int(named.group(1)) > 0 and named.group(2) == "0",
-            f"every address named while the run went on: {named and named.group(0)}")
+
+
+
+NAMED = re.compile(r"addresses named: (\d+) while running \(the longest stack [\d.]+ ms\), "
+                   r"(\d+) when writing")
+
+
+def named_split(text):
+    """(named while running, named when writing) from -v's line."""
+    m = NAMED.search(text)
+    if not m:
+        raise Failure(f"-v said nothing of naming:\n{text[-1500:]}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_naming(c, prof, workload, artifacts, extra):
+    """The reader names stacks between its reads while the program runs,
+    so that the end has nothing left to name: -p on the workload at the
+    library's own rate limit (3000 samples a second), stopped while it
+    lingers, names every address while running. Then exact mode (no
+    limit: a burst can fill the buffer while a stack is named) leaves all
+    the naming for the end, and loses no event."""
+    w = Workload(workload, ["--threads=1", "--rounds=300", f"--seed={SEED}", "--go",
+                            "--linger=stdin"],
+                 {"DD_HEAP_SAMPLING_INTERVAL": "65536", "DD_HEAP_SAMPLES_PER_SECOND": "3000"})
+    p = None
+    try:
+        w.wait_line("workload: pid=")
+        p = Prof(prof, ["-v", "-p", str(w.pid), "-o", os.path.join(artifacts, "naming.pb.gz")])
+        p.wait_for("ddheap-prof: profiling pid")
+        w.send("go")
+        w.wait_line("workload: lingering")
+        # The reader wakes every 50 ms; a handful of stacks take well under
+        # a second to name, 50-60 ms the first libc frame with libc6-dbg.
+        time.sleep(2)
+        c.equal(p.finish(signal.SIGINT), 0, "ddheap-prof exit code after SIGINT")
+        w.send("exit")
+        c.equal(w.finish(), 0, "workload exit code")
+    finally:
+        w.kill()
+        if p:
+            p.kill()
+    running, writing = named_split(p.text())
+    c.check(running > 0 and writing == 0,
+            f"at a limited rate, every address named while running: {running}, {writing}")
+    _, _, err, _ = run_cmd(prof, ["-v", "--ringbuf-kb", "131072"],
+                           ["env", "DD_HEAP_SAMPLING_INTERVAL=1", "DD_HEAP_SAMPLES_PER_SECOND=0",
+                            workload, "--truth={truth}", "--threads=2", "--rounds=30"],
+                           {}, artifacts, "naming-exact")
+    running, writing = named_split(err)
+    c.check(running == 0 and writing > 0,
+            f"with no limit, naming left for the end: {running}, {writing}")
+    c.check("LOST" not in err, "no event lost in exact mode")
 
 
 def test_duration(c, prof, workload, artifacts, extra):
@@ -722,7 +761,8 @@ def test_inline(c, prof, workload, artifacts, extra):
 
 
 TESTS = {"inline": test_inline, "sigint": test_sigint, "duration": test_duration, "preload": test_preload, "status": test_status, "auto-preload": test_auto_preload, "dlopen": test_dlopen, "cmd": test_cmd, "exact": test_exact, "pid": test_pid, "svg": test_svg,
-         "lost": test_lost, "errors": test_errors, "thread-id": test_thread_id}
+         "lost": test_lost, "errors": test_errors, "thread-id": test_thread_id,
+         "naming": test_naming}
 
 
 def main():

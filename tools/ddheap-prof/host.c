@@ -162,11 +162,13 @@ static void adopt(struct prof *p, pid_t pid)
     }
     if (dd_prof_rescan(p, proc) < 0)
         return; /* gone meanwhile */
-    bool rate_limited;
-    uint64_t interval = dd_prof_interval_of(pid, &rate_limited);
+    uint64_t rate;
+    uint64_t interval = dd_prof_interval_of(pid, &rate);
     if (p->interval == 0)
         p->interval = interval;
-    p->rate_limited = p->rate_limited && rate_limited;
+    /* The highest limit, none above all. */
+    if (p->samples_per_second != 0 && (rate == 0 || rate > p->samples_per_second))
+        p->samples_per_second = rate;
     char exe[PATH_MAX];
     fprintf(stderr, "ddheap-prof: profiling pid %d (%s)\n", (int)pid,
             exe_of(pid, exe, sizeof exe) ? exe : "?");

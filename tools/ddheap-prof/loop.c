@@ -340,25 +340,33 @@ static int on_event(void *ctx, void *data, size_t size)
  * where they were, so that a profile written later finds every address
  * named. Events come first, and one stack can take tens of milliseconds
  * to name (the first frame of a library with debug info: its DWARF is
- * read then). So naming runs only while the processes sample at a limited
- * rate (the default: 3000 samples a second, which 16 MiB holds for a
- * third of a second even at 16 KiB of stack each), when the buffer, at
- * the rate the last read found, would take NAMING_HEADROOM_NS or more to
- * fill, and for NAMING_BUDGET_NS at a time. Without a limit (exact mode
- * fills 16 MiB in milliseconds in a burst) naming waits for the end of
- * the run: named in the event handler, events were lost there. The
+ * read then). So naming runs only while the processes' rate limit bounds
+ * a burst to what the buffer holds for NAMING_STALL_NS (the default, 3000
+ * samples a second at 16 KiB of stack each, fills 16 MiB in a third of a
+ * second), when the buffer, at the rate the last read found, would take
+ * NAMING_HEADROOM_NS or more to fill, and for NAMING_BUDGET_NS at a time.
+ * Without a limit (exact mode fills 16 MiB in milliseconds in a burst)
+ * naming waits for the end of the run: named in the event handler,
+ * events were lost there. The
  * table's stacks are only ever appended, so those from p->stacks_named
  * on are the new ones. */
 #define NAMING_BUDGET_NS 5000000LL
 #define NAMING_HEADROOM_NS 1000000000LL
+#define NAMING_STALL_NS 250000000LL
 
 static bool room_to_name(struct prof *p, uint64_t bytes_just_read, int64_t now)
 {
     int64_t since = now - p->last_read_ns;
     p->last_read_ns = now;
     uint64_t size = (uint64_t)p->opt.ringbuf_kb * 1024;
-    if (!p->rate_limited)
-        return false; /* its bursts cannot be foreseen */
+    /* The most a burst can send while a stack is named: an alloc event
+     * (its stack copy) and a free a sample, at the limit, for
+     * NAMING_STALL_NS. No limit, or one so high that this overflows the
+     * buffer: bursts cannot be foreseen, naming waits for the end. */
+    uint64_t per_sample = p->opt.stack_bytes + 2 * 256;
+    double burst = (double)p->samples_per_second * (double)per_sample * NAMING_STALL_NS / 1e9;
+    if (p->samples_per_second == 0 || burst > (double)size)
+        return false;
     if (bytes_just_read == 0)
         return true;
     if (bytes_just_read >= size || since <= 0)

@@ -105,7 +105,8 @@ int main(int argc, char **argv)
     dd_prof_table_init(&p.table);
     p.table.max_live = p.opt.max_live;
     p.table.max_stacks = p.opt.max_stacks;
-    p.rate_limited = true; /* until a process is found without a limit */
+    /* Raised by the processes found (host.c): the library's default. */
+    p.samples_per_second = DD_PROF_DEFAULT_SAMPLES_PER_SECOND;
     if (geteuid() != 0) {
         fprintf(stderr, "ddheap-prof: must run as root (it loads BPF programs and attaches "
                         "uprobes)\n");
@@ -172,7 +173,7 @@ int main(int argc, char **argv)
                     (int)p.pid, p.opt.provider);
             return 1;
         }
-        p.interval = dd_prof_interval_of(p.pid, &p.rate_limited);
+        p.interval = dd_prof_interval_of(p.pid, &p.samples_per_second);
     }
     if (p.opt.all)
         fprintf(stderr, "ddheap-prof: profiling every process with %s probes; Ctrl-C to stop\n",

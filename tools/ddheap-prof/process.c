@@ -88,21 +88,27 @@ static uint64_t parse_interval(const char *s)
     return *end ? 0 : (uint64_t)v;
 }
 
-/* pprof's period, and whether the rate is limited (prof.h). */
-uint64_t dd_prof_interval_of(pid_t pid, bool *rate_limited)
+/* pprof's period, and the rate its samples are limited to (prof.h). */
+uint64_t dd_prof_interval_of(pid_t pid, uint64_t *samples_per_second)
 {
     char *buf = NULL;
     char **env = dd_prof_environment_of(pid, &buf);
     uint64_t interval = 512 * 1024;
-    *rate_limited = true;
+    *samples_per_second = DD_PROF_DEFAULT_SAMPLES_PER_SECOND;
     for (size_t i = 0; env && env[i]; i++) {
         if (strncmp(env[i], "DD_HEAP_SAMPLING_INTERVAL=", 26) == 0) {
             uint64_t v = parse_interval(env[i] + 26);
             if (v)
                 interval = v;
         }
-        if (strcmp(env[i], "DD_HEAP_SAMPLES_PER_SECOND=0") == 0)
-            *rate_limited = false;
+        const char *rate = "DD_HEAP_SAMPLES_PER_SECOND=";
+        if (strncmp(env[i], rate, strlen(rate)) == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(env[i] + strlen(rate), &end, 10);
+            if (errno == 0 && *end == '\0' && end != env[i] + strlen(rate))
+                *samples_per_second = v; /* 0: no limit */
+        }
     }
     free(env);
     free(buf);
@@ -318,7 +324,7 @@ static void on_exec(struct prof *p, struct dd_prof_proc *proc, bool stopped)
         kill(proc->tgid, SIGCONT);
     }
     if (ours) {
-        p->interval = dd_prof_interval_of(p->pid, &p->rate_limited);
+        p->interval = dd_prof_interval_of(p->pid, &p->samples_per_second);
         /* On to the loader's stop, where the libraries are attached. */
         if (loader_stop &&
             dd_prof_follow(p, proc->tgid, DD_PROF_STOP_AT_EXEC | DD_PROF_STOP_AT_LOADER) == 0)

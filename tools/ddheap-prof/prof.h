@@ -182,10 +182,10 @@ struct prof {
     struct dd_prof_sem_file *sem_files;
     size_t nsem_files, sem_files_cap;
     uint64_t interval; /* the process's sampling interval: pprof's period */
-    /* Every process profiled samples at a limited rate (the library's
-     * default), so its events cannot burst: the reader names stacks while
-     * the run goes on only then (loop.c). */
-    bool rate_limited;
+    /* The rate the profiled processes' samples are limited to, as their
+     * environment says (0: none): it bounds how fast events can come, so
+     * whether the reader may pause to name stacks (loop.c). */
+    uint64_t samples_per_second;
     bool oom;
     bool interrupted; /* the run was ended by Ctrl-C, SIGTERM or -d */
     int64_t started_realtime, started_mono; /* ns, when profiling began */
@@ -240,10 +240,12 @@ char **dd_prof_environment_of(pid_t pid, char **buf_out);
  * thread); 0 if /proc does not say. */
 pid_t dd_prof_tgid_of(pid_t id);
 bool dd_prof_process_gone(pid_t pid);
+/* The library's default limit (DD_HEAP_SAMPLES_PER_SECOND). */
+#define DD_PROF_DEFAULT_SAMPLES_PER_SECOND 3000
 /* The mean sampling interval the process runs with, as its environment
- * says (ddheap's default otherwise), and whether its samples are limited
- * to a rate (not with DD_HEAP_SAMPLES_PER_SECOND=0). */
-uint64_t dd_prof_interval_of(pid_t pid, bool *rate_limited);
+ * says (ddheap's default otherwise), and the rate its samples are limited
+ * to (0: none). */
+uint64_t dd_prof_interval_of(pid_t pid, uint64_t *samples_per_second);
 
 /* libstatus.c: what the library recorded in the process's status word,
  * read now; said once per kind by dd_prof_report_library_status. */
