@@ -42,6 +42,7 @@
 #include <linux/types.h>
 
 #include "ddheap_prof.h"
+#include "grow.h"
 #include "symbolize.h"
 
 /* A read this far above the copy's end is taken as a read of the rest of
@@ -413,14 +414,8 @@ static struct dd_prof_unwinder *fit(struct dd_prof_unwinder *cur, pid_t pid,
         if (layout_is(sessions[i], objs, objs->n))
             u = sessions[i];
     if (u == NULL) {
-        if (nsessions == sessions_cap) {
-            size_t cap = sessions_cap ? 2 * sessions_cap : 16;
-            struct dd_prof_unwinder **v = realloc(sessions, cap * sizeof *v);
-            if (v == NULL)
-                return NULL;
-            sessions = v;
-            sessions_cap = cap;
-        }
+        if (dd_prof_grow(&sessions, &sessions_cap, nsessions + 1, sizeof *sessions) != 0)
+            return NULL;
         u = calloc(1, sizeof *u);
         if (u == NULL || extend_layout(u, objs) != 0) {
             free(u);
