@@ -31,6 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "grow.h"
 #include "prof.h"
 
 #define HOST_RESCAN_MS 2000
@@ -222,14 +223,9 @@ void dd_prof_host_on_exec(struct prof *p, pid_t tgid)
     struct dd_prof_host *h = p->host;
     if (h == NULL)
         return;
-    if (h->ncandidates == h->candidates_cap) {
-        size_t cap = h->candidates_cap ? 2 * h->candidates_cap : 64;
-        struct candidate *v = realloc(h->candidates, cap * sizeof *v);
-        if (v == NULL)
-            return; /* found by the next full look instead */
-        h->candidates = v;
-        h->candidates_cap = cap;
-    }
+    if (dd_prof_grow(&h->candidates, &h->candidates_cap, h->ncandidates + 1,
+                     sizeof *h->candidates) != 0)
+        return; /* found by the next full look instead */
     /* The first look at once: the executable itself may carry probes. */
     h->candidates[h->ncandidates++] =
         (struct candidate){tgid, 0, dd_prof_now_ns(CLOCK_MONOTONIC)};
