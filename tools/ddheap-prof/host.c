@@ -83,14 +83,8 @@ static unsigned probes_of(struct dd_prof_host *h, pid_t pid, uint64_t start, uin
     unsigned probes = dd_prof_elf_probes(path, -1);
     if (i < 0 || !added)
         return probes;
-    if ((size_t)i >= h->verdicts_cap) {
-        size_t cap = h->file_ids.cap;
-        struct verdict *v = realloc(h->verdicts, cap * sizeof *v);
-        if (v == NULL)
-            return probes; /* asked again next time */
-        h->verdicts = v;
-        h->verdicts_cap = cap;
-    }
+    if (dd_prof_grow(&h->verdicts, &h->verdicts_cap, (size_t)i + 1, sizeof *h->verdicts) != 0)
+        return probes; /* asked again next time */
     h->verdicts[i] = (struct verdict){dev, ino, probes};
     return probes;
 }

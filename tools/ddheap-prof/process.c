@@ -27,6 +27,7 @@
 #include <linux/types.h>
 
 #include "ddheap_prof.h"
+#include "grow.h"
 #include "prof.h"
 
 /* The process's environment, as execve wants it (NULL-terminated). */
@@ -201,13 +202,8 @@ struct dd_prof_proc *dd_prof_proc_of(struct prof *p, pid_t tgid)
     long i = dd_prof_keys_intern(&p->proc_ids, (uint64_t)tgid, &added);
     if (i < 0)
         return NULL;
-    if (p->proc_ids.cap > p->procs_cap) {
-        struct dd_prof_proc *v = realloc(p->procs, p->proc_ids.cap * sizeof *v);
-        if (v == NULL)
-            return NULL;
-        p->procs = v;
-        p->procs_cap = p->proc_ids.cap;
-    }
+    if (dd_prof_grow(&p->procs, &p->procs_cap, (size_t)i + 1, sizeof *p->procs) != 0)
+        return NULL;
     struct dd_prof_proc *proc = &p->procs[i];
     if (added) {
         *proc = (struct dd_prof_proc){.tgid = tgid};
