@@ -68,13 +68,8 @@ static int merge(struct merged *m, const struct dd_prof_report *r, enum dd_prof_
                 k--;
             }
             size_t n = strlen(name);
-            if (len + n + 2 > cap) {
-                cap = 2 * (len + n + 2);
-                char *g = realloc(buf, cap);
-                if (g == NULL)
-                    goto fail;
-                buf = g;
-            }
+            if (dd_prof_grow(&buf, &cap, len + n + 2, 1) != 0) /* ';' and the NUL */
+                goto fail;
             if (len)
                 buf[len++] = ';';
             /* ';' separates frames and a line is one stack. A space is

@@ -41,15 +41,10 @@ char **dd_prof_environment_of(pid_t pid, char **buf_out)
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? 2 * cap : 16384;
-            char *g = realloc(buf, cap);
-            if (g == NULL) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = g;
+        if (dd_prof_grow(&buf, &cap, len + 4096 + 1, 1) != 0) {
+            free(buf);
+            fclose(f);
+            return NULL;
         }
         size_t got = fread(buf + len, 1, 4096, f);
         len += got;
