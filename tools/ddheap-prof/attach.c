@@ -29,6 +29,7 @@
 #pragma GCC diagnostic ignored "-Woverlength-strings"
 #include "ddheap_prof.skel.h"
 #pragma GCC diagnostic pop
+#include "grow.h"
 #include "probe_sites.h"
 #include "prof.h"
 
@@ -44,18 +45,9 @@ static bool already_attached(const struct prof *p, pid_t pid, uint64_t dev, uint
  * links when it is gone, host.c). */
 static int keep_link(struct prof *p, struct bpf_link *l, pid_t pid)
 {
-    if (p->nlinks == p->links_cap) {
-        size_t cap = p->links_cap ? 2 * p->links_cap : 16;
-        struct bpf_link **v = realloc(p->links, cap * sizeof *v);
-        if (v == NULL)
-            return -1;
-        p->links = v;
-        pid_t *pids = realloc(p->link_pids, cap * sizeof *pids);
-        if (pids == NULL)
-            return -1;
-        p->link_pids = pids;
-        p->links_cap = cap;
-    }
+    if (dd_prof_grow(&p->links, &p->links_cap, p->nlinks + 1, sizeof *p->links) != 0 ||
+        dd_prof_grow(&p->link_pids, &p->link_pids_cap, p->nlinks + 1, sizeof *p->link_pids) != 0)
+        return -1;
     p->link_pids[p->nlinks] = pid;
     p->links[p->nlinks++] = l;
     return 0;
@@ -64,14 +56,8 @@ static int keep_link(struct prof *p, struct bpf_link *l, pid_t pid)
 static int remember_file(struct file_id **v, size_t *n, size_t *cap, pid_t pid, uint64_t dev,
                          uint64_t ino)
 {
-    if (*n == *cap) {
-        size_t c = *cap ? 2 * *cap : 16;
-        struct file_id *g = realloc(*v, c * sizeof *g);
-        if (g == NULL)
-            return -1;
-        *v = g;
-        *cap = c;
-    }
+    if (dd_prof_grow(v, cap, *n + 1, sizeof **v) != 0)
+        return -1;
     (*v)[(*n)++] = (struct file_id){dev, ino, pid};
     return 0;
 }
@@ -118,14 +104,9 @@ static pid_t loader_key(const struct prof *p, pid_t pid)
 static int remember_semaphores(struct prof *p, uint64_t dev, uint64_t ino,
                                const struct dd_prof_probe_site *s, size_t n)
 {
-    if (p->nsem_files == p->sem_files_cap) {
-        size_t cap = p->sem_files_cap ? 2 * p->sem_files_cap : 8;
-        struct dd_prof_sem_file *v = realloc(p->sem_files, cap * sizeof *v);
-        if (v == NULL)
-            return -1;
-        p->sem_files = v;
-        p->sem_files_cap = cap;
-    }
+    if (dd_prof_grow(&p->sem_files, &p->sem_files_cap, p->nsem_files + 1,
+                     sizeof *p->sem_files) != 0)
+        return -1;
     struct dd_prof_sem_file *f = &p->sem_files[p->nsem_files++];
     *f = (struct dd_prof_sem_file){.dev = dev, .ino = ino};
     for (size_t i = 0; i < n; i++)

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
+
 const char *const dd_prof_value_names[4] = {"alloc_objects", "alloc_space", "inuse_objects",
                                             "inuse_space"};
 
@@ -66,13 +68,8 @@ static int merge(struct merged *m, const struct dd_prof_report *r, enum dd_prof_
                 k--;
             }
             size_t n = strlen(name);
-            if (len + n + 2 > cap) {
-                cap = 2 * (len + n + 2);
-                char *g = realloc(buf, cap);
-                if (g == NULL)
-                    goto fail;
-                buf = g;
-            }
+            if (dd_prof_grow(&buf, &cap, len + n + 2, 1) != 0) /* ';' and the NUL */
+                goto fail;
             if (len)
                 buf[len++] = ';';
             /* ';' separates frames and a line is one stack. A space is
@@ -92,16 +89,11 @@ static int merge(struct merged *m, const struct dd_prof_report *r, enum dd_prof_
         long k = dd_prof_strings_intern(&m->keys, buf);
         if (k < 0)
             goto fail;
-        if ((size_t)k >= m->cap) {
-            size_t c = m->keys.cap;
-            double *g = realloc(m->sums, c * sizeof *g);
-            if (g == NULL)
-                goto fail;
-            for (size_t j = m->cap; j < c; j++)
-                g[j] = 0;
-            m->sums = g;
-            m->cap = c;
-        }
+        size_t old_cap = m->cap;
+        if (dd_prof_grow(&m->sums, &m->cap, (size_t)k + 1, sizeof *m->sums) != 0)
+            goto fail;
+        for (size_t j = old_cap; j < m->cap; j++)
+            m->sums[j] = 0;
         m->sums[k] += value_of(s->stack, v);
     }
     free(buf);

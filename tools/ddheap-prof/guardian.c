@@ -29,6 +29,7 @@
 #pragma GCC diagnostic ignored "-Woverlength-strings"
 #include "ddheap_prof.skel.h"
 #pragma GCC diagnostic pop
+#include "grow.h"
 #include "prof.h"
 
 struct guardian_record {
@@ -92,14 +93,8 @@ struct table {
 
 static void push(struct table *t, int32_t pid, uint64_t addr)
 {
-    if (t->n == t->cap) {
-        size_t c = t->cap ? 2 * t->cap : 64;
-        struct raised *nv = realloc(t->v, c * sizeof *nv);
-        if (nv == NULL)
-            return;
-        t->v = nv;
-        t->cap = c;
-    }
+    if (dd_prof_grow(&t->v, &t->cap, t->n + 1, sizeof *t->v) != 0)
+        return;
     t->v[t->n++] = (struct raised){pid, addr};
 }
 

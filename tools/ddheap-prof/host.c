@@ -31,6 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "grow.h"
 #include "prof.h"
 
 #define HOST_RESCAN_MS 2000
@@ -82,14 +83,8 @@ static unsigned probes_of(struct dd_prof_host *h, pid_t pid, uint64_t start, uin
     unsigned probes = dd_prof_elf_probes(path, -1);
     if (i < 0 || !added)
         return probes;
-    if ((size_t)i >= h->verdicts_cap) {
-        size_t cap = h->file_ids.cap;
-        struct verdict *v = realloc(h->verdicts, cap * sizeof *v);
-        if (v == NULL)
-            return probes; /* asked again next time */
-        h->verdicts = v;
-        h->verdicts_cap = cap;
-    }
+    if (dd_prof_grow(&h->verdicts, &h->verdicts_cap, (size_t)i + 1, sizeof *h->verdicts) != 0)
+        return probes; /* asked again next time */
     h->verdicts[i] = (struct verdict){dev, ino, probes};
     return probes;
 }
@@ -224,14 +219,9 @@ void dd_prof_host_on_exec(struct prof *p, pid_t tgid)
     struct dd_prof_host *h = p->host;
     if (h == NULL)
         return;
-    if (h->ncandidates == h->candidates_cap) {
-        size_t cap = h->candidates_cap ? 2 * h->candidates_cap : 64;
-        struct candidate *v = realloc(h->candidates, cap * sizeof *v);
-        if (v == NULL)
-            return; /* found by the next full look instead */
-        h->candidates = v;
-        h->candidates_cap = cap;
-    }
+    if (dd_prof_grow(&h->candidates, &h->candidates_cap, h->ncandidates + 1,
+                     sizeof *h->candidates) != 0)
+        return; /* found by the next full look instead */
     /* The first look at once: the executable itself may carry probes. */
     h->candidates[h->ncandidates++] =
         (struct candidate){tgid, 0, dd_prof_now_ns(CLOCK_MONOTONIC)};

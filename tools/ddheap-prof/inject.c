@@ -65,6 +65,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "grow.h"
 #include "inject.h"
 
 #if defined(__x86_64__)
@@ -155,7 +156,7 @@ static int read_maps(struct target *t)
     if (f == NULL)
         return -1;
     free_maps(t);
-    size_t cap = 0;
+    size_t maps_cap = 0;
     char *line = NULL;
     size_t line_cap = 0;
     while (getline(&line, &line_cap, f) > 0) {
@@ -165,13 +166,8 @@ static int read_maps(struct target *t)
         if (sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %*s %*s %n", &start, &end, perms,
                    &offset, &path_at) < 4)
             continue;
-        if (t->nmaps == cap) {
-            cap = cap ? 2 * cap : 64;
-            struct mapping *v = realloc(t->maps, cap * sizeof *v);
-            if (v == NULL)
-                break;
-            t->maps = v;
-        }
+        if (dd_prof_grow(&t->maps, &maps_cap, t->nmaps + 1, sizeof *t->maps) != 0)
+            break;
         char *path = line + path_at;
         path[strcspn(path, "\n")] = '\0';
         t->maps[t->nmaps++] = (struct mapping){start, end, offset, perms[2] == 'x',
@@ -227,14 +223,8 @@ static bool is_path(const char *path, const void *arg)
 
 static int add_unsafe(struct target *t, uint64_t lo, uint64_t hi)
 {
-    if (t->nunsafe == t->unsafe_cap) {
-        size_t cap = t->unsafe_cap ? 2 * t->unsafe_cap : 64;
-        struct range *v = realloc(t->unsafe, cap * sizeof *v);
-        if (v == NULL)
-            return -1;
-        t->unsafe = v;
-        t->unsafe_cap = cap;
-    }
+    if (dd_prof_grow(&t->unsafe, &t->unsafe_cap, t->nunsafe + 1, sizeof *t->unsafe) != 0)
+        return -1;
     t->unsafe[t->nunsafe++] = (struct range){lo, hi};
     return 0;
 }
@@ -467,8 +457,9 @@ static int preflight(struct target *t, const char *lib, char *why, size_t size)
 struct threads {
     pid_t pid; /* their process */
     pid_t *tid; /* 0: gone */
-    size_t n, cap;
     int64_t *stopped_at; /* when each was interrupted; 0: running */
+    size_t n;            /* entries of both */
+    size_t tid_cap, stopped_cap;
 };
 
 static bool has_thread(const struct threads *th, pid_t tid)
@@ -481,18 +472,9 @@ static bool has_thread(const struct threads *th, pid_t tid)
 
 static int add_thread(struct threads *th, pid_t tid)
 {
-    if (th->n == th->cap) {
-        size_t cap = th->cap ? 2 * th->cap : 16;
-        pid_t *v = realloc(th->tid, cap * sizeof *v);
-        if (v == NULL)
-            return ENOMEM;
-        th->tid = v;
-        int64_t *s = realloc(th->stopped_at, cap * sizeof *s);
-        if (s == NULL)
-            return ENOMEM;
-        th->stopped_at = s;
-        th->cap = cap;
-    }
+    if (dd_prof_grow(&th->tid, &th->tid_cap, th->n + 1, sizeof *th->tid) != 0 ||
+        dd_prof_grow(&th->stopped_at, &th->stopped_cap, th->n + 1, sizeof *th->stopped_at) != 0)
+        return ENOMEM;
     th->stopped_at[th->n] = 0;
     th->tid[th->n++] = tid;
     return 0;

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
+
 static uint64_t hash_str(const char *s)
 {
     uint64_t h = UINT64_C(1469598103934665603); /* FNV-1a */
@@ -51,19 +53,6 @@ static uint64_t key_hash_of(const void *ctx, size_t i)
     return hash_u64(((const struct dd_prof_keys *)ctx)->v[i]);
 }
 
-static int push(void **v, size_t *cap, size_t n, size_t size)
-{
-    if (n < *cap)
-        return 0;
-    size_t c = *cap ? 2 * *cap : 64;
-    void *grown = realloc(*v, c * size);
-    if (grown == NULL)
-        return -1;
-    *v = grown;
-    *cap = c;
-    return 0;
-}
-
 long dd_prof_strings_intern(struct dd_prof_strings *t, const char *s)
 {
     if (2 * (t->n + 1) > t->nslots && rehash(&t->slots, &t->nslots, t->n, string_hash_of, t))
@@ -72,7 +61,7 @@ long dd_prof_strings_intern(struct dd_prof_strings *t, const char *s)
     for (; t->slots[j]; j = (j + 1) & mask)
         if (strcmp(t->v[t->slots[j] - 1], s) == 0)
             return (long)t->slots[j] - 1;
-    if (push((void **)&t->v, &t->cap, t->n, sizeof *t->v))
+    if (dd_prof_grow(&t->v, &t->cap, t->n + 1, sizeof *t->v) != 0)
         return -1;
     if ((t->v[t->n] = strdup(s)) == NULL)
         return -1;
@@ -98,7 +87,7 @@ long dd_prof_keys_intern(struct dd_prof_keys *t, uint64_t key, int *added)
     for (; t->slots[j]; j = (j + 1) & mask)
         if (t->v[t->slots[j] - 1] == key)
             return (long)t->slots[j] - 1;
-    if (push((void **)&t->v, &t->cap, t->n, sizeof *t->v))
+    if (dd_prof_grow(&t->v, &t->cap, t->n + 1, sizeof *t->v) != 0)
         return -1;
     t->v[t->n] = key;
     t->slots[j] = (uint32_t)(t->n + 1);

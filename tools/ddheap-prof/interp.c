@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "intern.h"
 #include "python/python.h"
 #include "unwind.h"
@@ -116,14 +117,8 @@ static uint64_t frame_address(const struct dd_prof_function_at *at)
     if (i < 0)
         return 0;
     if (names.n > before) {
-        if (names.n > named_cap) {
-            size_t cap = names.cap;
-            struct dd_prof_function_at *g = realloc(named, cap * sizeof *g);
-            if (g == NULL)
-                return 0;
-            named = g;
-            named_cap = cap;
-        }
+        if (dd_prof_grow(&named, &named_cap, names.n, sizeof *named) != 0)
+            return 0;
         /* The parts of the key, as interned strings of their own. */
         long fn = dd_prof_strings_intern(&parts, at->function);
         long file = dd_prof_strings_intern(&parts, at->file ? at->file : "");

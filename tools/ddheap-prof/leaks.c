@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "prof.h"
 #include "report.h"
 
@@ -163,14 +164,9 @@ static long exited_processes(const struct dd_prof_table *t, struct exited **out)
         while (k < n && v[k].tgid != s->tgid)
             k++;
         if (k == n) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 64;
-                struct exited *g = realloc(v, cap * sizeof *g);
-                if (g == NULL) {
-                    free(v);
-                    return -1;
-                }
-                v = g;
+            if (dd_prof_grow(&v, &cap, n + 1, sizeof *v) != 0) {
+                free(v);
+                return -1;
             }
             v[n++] = (struct exited){s->tgid, 0, 0};
         }

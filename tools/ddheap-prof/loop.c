@@ -26,6 +26,7 @@
 #pragma GCC diagnostic ignored "-Woverlength-strings"
 #include "ddheap_prof.skel.h"
 #pragma GCC diagnostic pop
+#include "grow.h"
 #include "prof.h"
 
 #define RESCAN_MS 200
@@ -109,15 +110,9 @@ void dd_prof_note_exit(struct prof *p, pid_t tgid, uint64_t ts_ns)
 {
     if (tgid == p->pid)
         return;
-    if (p->nexits == p->exits_cap) {
-        size_t cap = p->exits_cap ? 2 * p->exits_cap : 64;
-        struct pending_exit *v = realloc(p->exits, cap * sizeof *v);
-        if (v == NULL) {
-            p->oom = true;
-            return;
-        }
-        p->exits = v;
-        p->exits_cap = cap;
+    if (dd_prof_grow(&p->exits, &p->exits_cap, p->nexits + 1, sizeof *p->exits) != 0) {
+        p->oom = true;
+        return;
     }
     /* They come nearly in time order (one ring buffer, stamped as they
      * are written): an insertion from the end. */
@@ -218,15 +213,9 @@ static void apply_deferred(struct prof *p)
 static void defer_event(struct prof *p, uint32_t type, const struct dd_prof_sample *sample,
                         const uint64_t *frames, uint32_t n)
 {
-    if (p->ndeferred == p->deferred_cap) {
-        size_t cap = p->deferred_cap ? 2 * p->deferred_cap : 256;
-        struct deferred_event *v = realloc(p->deferred, cap * sizeof *v);
-        if (v == NULL) {
-            p->oom = true;
-            return;
-        }
-        p->deferred = v;
-        p->deferred_cap = cap;
+    if (dd_prof_grow(&p->deferred, &p->deferred_cap, p->ndeferred + 1, sizeof *p->deferred) != 0) {
+        p->oom = true;
+        return;
     }
     uint64_t *copy = malloc((n ? n : 1) * sizeof *copy);
     if (copy == NULL) {

@@ -10,6 +10,7 @@
 #include <linux/types.h>
 
 #include "ddheap_prof.h"
+#include "grow.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -289,14 +290,8 @@ static struct dd_prof_file *file_of(pid_t pid, const char *path, uint64_t dev, u
         if (files[i]->dev == dev && files[i]->ino == ino)
             f = files[i];
     if (f == NULL) {
-        if (nfiles == files_cap) {
-            size_t cap = files_cap ? 2 * files_cap : 64;
-            struct dd_prof_file **v = realloc(files, cap * sizeof *v);
-            if (v == NULL)
-                return NULL;
-            files = v;
-            files_cap = cap;
-        }
+        if (dd_prof_grow(&files, &files_cap, nfiles + 1, sizeof *files) != 0)
+            return NULL;
         f = calloc(1, sizeof *f);
         if (f == NULL || (f->path = strdup(path)) == NULL) {
             free(f);
@@ -370,14 +365,8 @@ static struct dd_prof_object *add_object(struct dd_prof_objects *objs, pid_t pid
      * kept (its frames are named object+offset, and counted). */
     if (f == NULL || f->not_elf)
         return NULL;
-    if (objs->n == objs->cap) {
-        size_t cap = objs->cap ? 2 * objs->cap : 32;
-        struct dd_prof_object *v = realloc(objs->v, cap * sizeof *v);
-        if (v == NULL)
-            return NULL;
-        objs->v = v;
-        objs->cap = cap;
-    }
+    if (dd_prof_grow(&objs->v, &objs->cap, objs->n + 1, sizeof *objs->v) != 0)
+        return NULL;
     struct dd_prof_object *o = &objs->v[objs->n];
     memset(o, 0, sizeof *o);
     o->path = strdup(path);

@@ -27,6 +27,7 @@
 #include <linux/types.h>
 
 #include "ddheap_prof.h"
+#include "grow.h"
 #include "prof.h"
 
 /* The process's environment, as execve wants it (NULL-terminated). */
@@ -40,15 +41,10 @@ char **dd_prof_environment_of(pid_t pid, char **buf_out)
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? 2 * cap : 16384;
-            char *g = realloc(buf, cap);
-            if (g == NULL) {
-                free(buf);
-                fclose(f);
-                return NULL;
-            }
-            buf = g;
+        if (dd_prof_grow(&buf, &cap, len + 4096 + 1, 1) != 0) {
+            free(buf);
+            fclose(f);
+            return NULL;
         }
         size_t got = fread(buf + len, 1, 4096, f);
         len += got;
@@ -207,13 +203,8 @@ struct dd_prof_proc *dd_prof_proc_of(struct prof *p, pid_t tgid)
     long i = dd_prof_keys_intern(&p->proc_ids, (uint64_t)tgid, &added);
     if (i < 0)
         return NULL;
-    if (p->proc_ids.cap > p->procs_cap) {
-        struct dd_prof_proc *v = realloc(p->procs, p->proc_ids.cap * sizeof *v);
-        if (v == NULL)
-            return NULL;
-        p->procs = v;
-        p->procs_cap = p->proc_ids.cap;
-    }
+    if (dd_prof_grow(&p->procs, &p->procs_cap, (size_t)i + 1, sizeof *p->procs) != 0)
+        return NULL;
     struct dd_prof_proc *proc = &p->procs[i];
     if (added) {
         *proc = (struct dd_prof_proc){.tgid = tgid};

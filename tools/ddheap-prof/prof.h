@@ -176,7 +176,7 @@ struct prof {
     struct bpf_link *tracepoint_links[3]; /* fork, exec, exit */
     struct bpf_link **links;
     pid_t *link_pids; /* the process each link was made for */
-    size_t nlinks, links_cap;
+    size_t nlinks, links_cap, link_pids_cap; /* nlinks: entries of both */
     struct file_id *attached;
     size_t nattached, attached_cap;
     struct dd_prof_sem_file *sem_files;

@@ -1,6 +1,7 @@
 /* Resolving the stack table into locations and functions (report.h). */
 #include "report.h"
 
+#include "grow.h"
 #include "interp.h"
 #include "names.h"
 #include "symbolize.h"
@@ -26,10 +27,8 @@ static long function_of(struct dd_prof_report *r, const char *system_name, const
                                   (uint64_t)sn << 33 | (uint64_t)f << 1 | (uint64_t)interp, &added);
     if (fn < 0 || !added)
         return fn;
-    struct dd_prof_function *grown = realloc(r->funcs, r->func_keys.cap * sizeof *grown);
-    if (grown == NULL)
+    if (dd_prof_grow(&r->funcs, &r->funcs_cap, (size_t)fn + 1, sizeof *r->funcs) != 0)
         return -1;
-    r->funcs = grown;
     char *demangled = interp ? NULL : dd_prof_demangle(system_name);
     long n = demangled ? dd_prof_strings_intern(&r->strings, demangled) : sn;
     free(demangled);
@@ -81,10 +80,8 @@ static long location_of(struct dd_prof_report *r, struct process_view *v, uint64
         return -1;
     struct dd_prof_symbolizer *sym = v->sym;
     const struct dd_prof_objects *objs = v->objects->objs;
-    struct dd_prof_location *grown = realloc(r->locs, r->addrs.cap * sizeof *grown);
-    if (grown == NULL)
+    if (dd_prof_grow(&r->locs, &r->locs_cap, (size_t)i + 1, sizeof *r->locs) != 0)
         return -1;
-    r->locs = grown;
     struct dd_prof_frame f = {.n = 1, .object = NULL};
     bool interp = dd_prof_interp_frame_at(addr, &f.fn[0]);
     if (!interp)

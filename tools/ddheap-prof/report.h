@@ -43,8 +43,10 @@ struct dd_prof_report {
     struct dd_prof_strings strings; /* index 0 is "" */
     struct dd_prof_keys addrs;      /* location i has key addrs.v[i] (process, address) */
     struct dd_prof_location *locs;
+    size_t locs_cap;
     struct dd_prof_keys func_keys; /* system_name << 33 | file << 1 | interp */
     struct dd_prof_function *funcs;
+    size_t funcs_cap;
     struct dd_prof_resolved *stacks;
     size_t nstacks;
     bool any_lines; /* some location has file:line */

@@ -14,6 +14,7 @@
  */
 #include "symbolize.h"
 
+#include "grow.h"
 #include "interp.h"
 #include "intern.h"
 #include "unwind.h"
@@ -161,15 +162,9 @@ static const char *keep_name(struct file_session *s, char *name)
 {
     if (name == NULL)
         return "[unknown]";
-    if (s->nnames == s->names_cap) {
-        size_t cap = s->names_cap ? 2 * s->names_cap : 64;
-        char **v = realloc(s->names, cap * sizeof *v);
-        if (v == NULL) {
-            free(name);
-            return "[unknown]";
-        }
-        s->names = v;
-        s->names_cap = cap;
+    if (dd_prof_grow(&s->names, &s->names_cap, s->nnames + 1, sizeof *s->names) != 0) {
+        free(name);
+        return "[unknown]";
     }
     s->names[s->nnames++] = name;
     return name;

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
+
 static uint64_t mix64(uint64_t x)
 {
     x ^= x >> 33;
@@ -126,18 +128,11 @@ static long intern_stack(struct dd_prof_table *t, uint32_t tgid, const uint64_t 
     }
     if (t->max_stacks && t->nstacks >= t->max_stacks)
         return -2;
-    if (t->nstacks == t->stacks_cap) {
-        size_t cap = t->stacks_cap ? 2 * t->stacks_cap : 256;
-        struct dd_prof_stack *grown = realloc(t->stacks, cap * sizeof *grown);
-        uint32_t *dirty = realloc(t->peak_dirty, cap * sizeof *dirty);
-        if (grown != NULL)
-            t->stacks = grown;
-        if (dirty != NULL)
-            t->peak_dirty = dirty;
-        if (grown == NULL || dirty == NULL)
-            return -1;
-        t->stacks_cap = t->peak_dirty_cap = cap;
-    }
+    /* peak_dirty lists each stack at most once: it needs a place per stack. */
+    size_t need = t->nstacks + 1;
+    if (dd_prof_grow(&t->stacks, &t->stacks_cap, need, sizeof *t->stacks) != 0 ||
+        dd_prof_grow(&t->peak_dirty, &t->peak_dirty_cap, need, sizeof *t->peak_dirty) != 0)
+        return -1;
     uint64_t *copy = malloc((n ? n : 1) * sizeof *copy);
     if (copy == NULL)
         return -1;

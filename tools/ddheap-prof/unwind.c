@@ -42,6 +42,7 @@
 #include <linux/types.h>
 
 #include "ddheap_prof.h"
+#include "grow.h"
 #include "symbolize.h"
 
 /* A read this far above the copy's end is taken as a read of the rest of
@@ -413,14 +414,8 @@ static struct dd_prof_unwinder *fit(struct dd_prof_unwinder *cur, pid_t pid,
         if (layout_is(sessions[i], objs, objs->n))
             u = sessions[i];
     if (u == NULL) {
-        if (nsessions == sessions_cap) {
-            size_t cap = sessions_cap ? 2 * sessions_cap : 16;
-            struct dd_prof_unwinder **v = realloc(sessions, cap * sizeof *v);
-            if (v == NULL)
-                return NULL;
-            sessions = v;
-            sessions_cap = cap;
-        }
+        if (dd_prof_grow(&sessions, &sessions_cap, nsessions + 1, sizeof *sessions) != 0)
+            return NULL;
         u = calloc(1, sizeof *u);
         if (u == NULL || extend_layout(u, objs) != 0) {
             free(u);
@@ -601,11 +596,17 @@ static bool quick_walk(struct dd_prof_unwinder *u)
 }
 #endif
 
-/* One walk into u->frames, with the session's libdwfl state made if it
- * has none: the quick one where it can, else libdwfl's; with
- * DDHEAP_PROF_CHECK_UNWIND both, libdwfl's kept. */
-static void walk(struct dd_prof_unwinder *u)
+/* One walk of the stack copy into frames (at most max of them), with the
+ * session's libdwfl state made if it has none: the quick one where it
+ * can, else libdwfl's; with DDHEAP_PROF_CHECK_UNWIND both, libdwfl's
+ * kept. */
+static void walk(struct dd_prof_unwinder *u, const struct dd_prof_objects *objs,
+                 const struct dd_prof_stack_copy *copy, uint64_t *frames, uint32_t max)
 {
+    u->objs = objs;
+    u->copy = copy;
+    u->frames = frames;
+    u->max = max;
     u->last_use = ++use_clock;
     if (u->dwfl == NULL ||
         (u->partial && u->files_generation != dd_prof_files_generation()))
@@ -640,11 +641,7 @@ uint32_t dd_prof_unwind(struct dd_prof_unwind_hold *hold, pid_t pid,
     struct dd_prof_unwinder *u = hold->session = fit(hold->session, pid, objs);
     if (u == NULL)
         return 0;
-    u->objs = objs;
-    u->copy = copy;
-    u->frames = frames;
-    u->max = max;
-    walk(u);
+    walk(u, objs, copy, frames, max);
     /* A frame in no recorded object: a library mapped since the last
      * scan. The caller scans this process's maps again (while it lives,
      * attaching to any new object with probes) and the walk is retried,
@@ -655,11 +652,7 @@ uint32_t dd_prof_unwind(struct dd_prof_unwind_hold *hold, pid_t pid,
         if (rescan(rescan_arg, pid)) {
             if ((u = hold->session = fit(u, pid, objs)) == NULL)
                 return 0;
-            u->objs = objs;
-            u->copy = copy;
-            u->frames = frames;
-            u->max = max;
-            walk(u);
+            walk(u, objs, copy, frames, max);
         }
     }
     uint32_t n = u->n_frames;
