@@ -39,15 +39,22 @@ class StacksLost(Failure):
     Nothing about the traced program is learnt from such a run."""
 
 
+def need(program, package="it"):
+    """The path of `program`, which scripts/install-deps installs (from
+    `package`): missing, it is a Failure (a broken machine), never a skip."""
+    path = shutil.which(program)
+    if path is None:
+        raise Failure(f"{program} is not installed (scripts/install-deps installs {package})")
+    return path
+
+
 def require_root_and_bpftrace():
     """Returns an exit code to use instead of running (77: skip), or None."""
     if os.geteuid() != 0:
         print("SKIP: the tracer tests attach bpftrace and need root "
               "(CI runs them as root; run `sudo meson test --suite tracer`)")
         return 77
-    if shutil.which("bpftrace") is None:
-        # Root but no bpftrace: a broken CI machine, never a skip.
-        raise Failure("bpftrace is not installed (scripts/install-deps installs it)")
+    need("bpftrace")  # root but no bpftrace: a broken CI machine
     return None
 
 

@@ -8,19 +8,17 @@ numeric labels, exactly).
 import gzip
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 
-from harness import Failure
+from harness import Failure, need
 
 TIMEOUT = 120
 
 
 def pprof(profile, *args):
     """`go tool pprof`, offline, with its caches in a scratch directory."""
-    if shutil.which("go") is None:
-        raise Failure("go is not installed (scripts/install-deps installs golang-go)")
+    need("go", "golang-go")
     with tempfile.TemporaryDirectory(prefix="ddheap-go-") as home:
         env = dict(os.environ, HOME=home, GOCACHE=os.path.join(home, "cache"),
                    GOPATH=os.path.join(home, "path"), GOTOOLCHAIN="local", GOPROXY="off",

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 
-from harness import Failure, run_checks
+from harness import Failure, need, run_checks
 from pprof_read import pprof as go_pprof
 
 TIMEOUT = 120
@@ -195,8 +195,7 @@ def test_git(c, prof, artifacts, extra):
     preload library too; their samples are in the profile under their own
     pid labels. A failing git's status is ddheap-prof's."""
     (ddheap_run,) = extra
-    if shutil.which("git") is None:
-        raise Failure("git is not installed")
+    need("git")
     repo = tempfile.mkdtemp(prefix="ddheap-follow-git-")
     try:
         env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",

@@ -382,8 +382,7 @@ def test_sigint(c, prof, workload, artifacts, extra):
 
 
 def chromium(args, timeout=TIMEOUT):
-    if shutil.which("chromium") is None:
-        raise Failure("chromium is not installed (scripts/install-deps installs it)")
+    harness.need("chromium")
     with tempfile.TemporaryDirectory(prefix="ddheap-chromium-") as profile_dir:
         r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
                             "--enable-logging=stderr", "--v=0", "--no-first-run",

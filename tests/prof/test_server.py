@@ -31,20 +31,13 @@ import tempfile
 import threading
 import time
 
-from harness import Failure, run_checks, sigma
+from harness import Failure, need, run_checks, sigma
 from pprof_read import read_raw
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 120
 NOFILE = 256
 MIB = 1048576.0
-
-
-def need(program):
-    path = shutil.which(program)
-    if path is None:
-        raise Failure(f"{program} is not installed (scripts/install-deps installs it)")
-    return path
 
 
 class Profiler:

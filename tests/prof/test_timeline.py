@@ -17,14 +17,13 @@ read back with `go tool pprof` where what matters is what a user sees.
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
-from harness import Failure, run_checks
+from harness import Failure, need, run_checks
 from pprof_read import pprof, read_samples
 
 TIMEOUT = 120
@@ -142,8 +141,7 @@ def check_state(c, prof, counts, truth, what, across=()):
 def svg_in_chromium(c, svg, names, shot):
     """The SVG opens in headless chromium, its script runs (it marks the
     root element), it names each of `names`; a screenshot is kept."""
-    if shutil.which("chromium") is None:
-        raise Failure("chromium is not installed (scripts/install-deps installs it)")
+    need("chromium")
     with tempfile.TemporaryDirectory(prefix="ddheap-chromium-") as profile_dir:
         base = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                 f"--user-data-dir={profile_dir}"]

@@ -15,11 +15,10 @@ heaptrack is missing. Ends with "N passed, N failed".
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 
-from harness import Failure, run_checks, sigma
+from harness import Failure, need, run_checks, sigma
 from pprof_read import pprof, read_functions, read_raw
 
 TIMEOUT = 300
@@ -36,13 +35,6 @@ ALLOCATOR_PREFIXES = ("ddheap_", "dd_", "operator new", "operator delete", "__li
 
 def is_allocator(name):
     return name in ALLOCATOR_NAMES or name.startswith(ALLOCATOR_PREFIXES)
-
-
-def need(program):
-    path = shutil.which(program)
-    if path is None:
-        raise Failure(f"{program} is not installed (scripts/install-deps installs it)")
-    return path
 
 
 def compile_program(compiler, source, out, *more):

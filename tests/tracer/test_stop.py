@@ -121,8 +121,8 @@ def main():
 
     def require():
         skip = harness.require_root_and_bpftrace()
-        if skip is None and shutil.which("gdb") is None:
-            raise Failure("gdb is not installed (scripts/install-deps installs it)")
+        if skip is None:
+            harness.need("gdb")
         return skip
     return harness.run_checks("lost_sigint", lambda c: test_lost_sigint(c, workload, tools),
                               require=require)
