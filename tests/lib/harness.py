@@ -458,6 +458,45 @@ def run_checks(name, body, require=require_root_and_bpftrace, attempts=1):
     return c.summary()
 
 
+def run_prof_test(doc, tests, nargs, extra=False, absolute=(), programs=None):
+    """The whole main() of a ddheap-prof test script (tests/prof/test_*.py),
+    called as tests/prof/meson.build calls it:
+
+        test_X.py TEST ARG... ARTIFACT_DIR [EXTRA...]
+
+    TEST is a key of `tests`; exactly `nargs` arguments follow it, the last
+    the folder for the test's artifacts (created); then, only if `extra`,
+    any number more. A wrong command line prints `doc` and returns 2.
+
+    Not root: one SKIP line, 77, the only skip (BPF needs root; CI runs
+    the suite as root). Root but one of `programs` ({program: the Debian
+    package scripts/install-deps installs it from}) missing: one failed
+    check. Then tests[TEST](checker, ARG..., [EXTRA list]) runs under
+    run_checks (a Failure it raises is one failed check); the ARGs at the
+    0-based positions in `absolute` are made absolute paths first. Returns
+    the exit code: 0 passed, 1 failed, 2 usage, 77 skipped."""
+    argv = sys.argv
+    count_ok = len(argv) >= nargs + 2 if extra else len(argv) == nargs + 2
+    if not count_ok or argv[1] not in tests:
+        print(doc)
+        return 2
+    name, args, more = argv[1], argv[2:nargs + 2], argv[nargs + 2:]
+    args = [os.path.abspath(a) if i in absolute else a for i, a in enumerate(args)]
+    if extra:
+        args.append(more)
+
+    def require():
+        if os.geteuid() != 0:
+            print("SKIP: ddheap-prof loads BPF programs and needs root "
+                  "(CI runs this suite as root; run `sudo meson test --suite prof`)")
+            return 77
+        for program, package in (programs or {}).items():
+            need(program, package)
+        os.makedirs(args[nargs - 1], exist_ok=True)
+        return None
+    return run_checks(name, lambda c: tests[name](c, *args), require=require)
+
+
 # The call sites of examples/workload.c, in its own order.
 SITES = ["site_request_buffers", "site_grow_log", "site_cache_pages", "site_aligned_tiles",
          "site_session_objects", "site_index_nodes"]

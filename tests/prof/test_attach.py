@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from harness import Failure, run_checks
+from harness import Failure, run_prof_test
 from pprof_read import read_raw
 
 TIMEOUT = 120
@@ -613,17 +613,5 @@ TESTS = {"c": test_c, "cycles": test_cycles, "namespace": test_namespace, "sigki
          "redis": test_redis, "in-malloc": test_in_malloc, "refusals": test_refusals}
 
 
-def main():
-    if len(sys.argv) < 4 or sys.argv[1] not in TESTS:
-        print(__doc__)
-        return 2
-    name, prof, artifacts = sys.argv[1:4]
-    if os.geteuid() != 0:
-        print("SKIP: ddheap-prof loads BPF programs and needs root")
-        return 77
-    os.makedirs(artifacts, exist_ok=True)
-    return run_checks(name, lambda c: TESTS[name](c, prof, artifacts, sys.argv[4:]), require=None)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_prof_test(__doc__, TESTS, 2, extra=True))

@@ -78,7 +78,7 @@ def start_workload(workload, seed, extra=()):
                     {"DD_HEAP_SAMPLING_INTERVAL": str(INTERVAL)})
 
 
-def test_http(c, prof, workload, artifacts):
+def test_http(c, prof, workload, artifacts, extra):
     """-p PID --http: go tool pprof fetches /debug/pprof/heap twice in a
     row, each within 5 sigma of the workload's truth, labelled as the file
     written at the end (-o) is; /allocs is the same
@@ -243,7 +243,7 @@ def answer_of(port, payload):
         return f"{line} after {time.monotonic() - t0:.3f} s"
 
 
-def test_robust(c, prof, workload, artifacts):
+def test_robust(c, prof, workload, artifacts, extra):
     """--max-stacks 4 keeps 4 and says so; 50 fetches at once, all valid
     profiles; then 300 idle connections
     (from 127.0.0.2-4: per client address under the limit), 20 half-sent
@@ -369,7 +369,7 @@ def text_pages(pid):
     return out
 
 
-def test_all(c, prof, workload, artifacts, dlopener, plugin):
+def test_all(c, prof, workload, artifacts, extra):
     """--all --only DIR/*: two workloads (copies in DIR) started before the
     agent and one after, all three found and in the served profile, each
     within 5 sigma of its own truth; the third's exit drops its live
@@ -380,6 +380,7 @@ def test_all(c, prof, workload, artifacts, dlopener, plugin):
     run through a hard link outside DIR (the same inode, so a uprobe on
     the file for every process would reach it): its probes' semaphores
     never raised, no block marked."""
+    dlopener, plugin = extra  # the EXTRA of tests/prof/meson.build
     scratch = tempfile.mkdtemp(prefix="ddheap-fleet-")
     base_dir = os.path.join(artifacts, "fleet-all")
     shutil.rmtree(base_dir, ignore_errors=True)
@@ -489,25 +490,6 @@ def test_all(c, prof, workload, artifacts, dlopener, plugin):
 TESTS = {"http": test_http, "robust": test_robust, "all": test_all}
 
 
-def main():
-    if len(sys.argv) < 5 or sys.argv[1] not in TESTS:
-        print(__doc__)
-        return 2
-    name, prof, workload, artifacts = sys.argv[1:5]
-    extra = sys.argv[5:]
-
-    def require_root():
-        if os.geteuid() != 0:
-            print("SKIP: ddheap-prof loads BPF programs and needs root "
-                  "(CI runs this suite as root)")
-            return 77
-        if shutil.which("go") is None:
-            raise Failure("go is not installed (scripts/install-deps installs golang-go)")
-        os.makedirs(artifacts, exist_ok=True)
-        return None
-    return harness.run_checks(name, lambda c: TESTS[name](c, prof, workload, artifacts, *extra),
-                              require=require_root)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_prof_test(__doc__, TESTS, 3, extra=True,
+                                   programs={"go": "golang-go"}))

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 
-from harness import Failure, need, run_checks
+from harness import Failure, need, run_prof_test
 from pprof_read import pprof as go_pprof
 
 TIMEOUT = 120
@@ -672,18 +672,5 @@ TESTS = {"follow": test_follow, "pid-follow": test_pid_follow, "git": test_git, 
          "output-targets": test_output_targets, "isolation": test_isolation}
 
 
-def main():
-    if len(sys.argv) < 4 or sys.argv[1] not in TESTS:
-        print(__doc__)
-        return 2
-    name, prof, artifacts = sys.argv[1:4]
-    if os.geteuid() != 0:
-        print("SKIP: ddheap-prof loads BPF programs and needs root")
-        return 77
-    os.makedirs(artifacts, exist_ok=True)
-    extra = sys.argv[4:]
-    return run_checks(name, lambda c: TESTS[name](c, prof, artifacts, extra), require=None)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_prof_test(__doc__, TESTS, 2, extra=True))

@@ -764,23 +764,5 @@ TESTS = {"inline": test_inline, "sigint": test_sigint, "duration": test_duration
          "naming": test_naming}
 
 
-def main():
-    if len(sys.argv) < 5 or sys.argv[1] not in TESTS:
-        print(__doc__)
-        return 2
-    name, prof, workload, artifacts = sys.argv[1:5]
-    extra = sys.argv[5:]
-
-    def require_root():
-        if os.geteuid() != 0:
-            print("SKIP: ddheap-prof loads BPF programs and needs root "
-                  "(CI runs this suite as root; run `sudo meson test --suite prof`)")
-            return 77
-        os.makedirs(artifacts, exist_ok=True)
-        return None
-    return harness.run_checks(name, lambda c: TESTS[name](c, prof, workload, artifacts, extra),
-                              require=require_root)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_prof_test(__doc__, TESTS, 3, extra=True))

@@ -24,11 +24,10 @@ Needs root (BPF); exits 77 (skipped) only when not root. Ends with
 import glob
 import os
 import re
-import shutil
 import subprocess
 import sys
 
-from harness import Failure, run_checks
+from harness import Failure, run_prof_test
 from pprof_read import pprof, read_raw
 
 TIMEOUT = 240
@@ -285,23 +284,8 @@ def test_cost(c, prof, preload, run, artifacts):
 TESTS = {"frames": test_frames, "cost": test_cost}
 
 
-def main():
-    if len(sys.argv) != 6 or sys.argv[1] not in TESTS:
-        print(__doc__)
-        return 2
-    name, prof, preload, run, artifacts = sys.argv[1:6]
-    if os.geteuid() != 0:
-        print("SKIP: ddheap-prof loads BPF programs and needs root "
-              "(CI runs this suite as root; run `sudo meson test --suite prof`)")
-        return 77
-    if shutil.which("go") is None:
-        print("FAIL - go is not installed (scripts/install-deps installs golang-go)")
-        return 1
-    os.makedirs(artifacts, exist_ok=True)
-    preload, run = os.path.abspath(preload), os.path.abspath(run)
-    return run_checks(name, lambda c: TESTS[name](c, prof, preload, run, artifacts),
-                      require=None)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # PRELOAD_LIB and DDHEAP_RUN are handed on to other programs (in
+    # LD_PRELOAD or DDHEAP_PRELOAD_LIB, after `--`): made absolute, so
+    # that no working directory matters.
+    sys.exit(run_prof_test(__doc__, TESTS, 4, absolute=(1, 2), programs={"go": "golang-go"}))

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from harness import Failure, need, run_checks, sigma
+from harness import Failure, need, run_prof_test, sigma
 from pprof_read import read_raw
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -472,17 +472,5 @@ def test_pgbench(c, prof, run, artifacts):
 TESTS = {"prefork": test_prefork, "pgbench": test_pgbench}
 
 
-def main():
-    if len(sys.argv) < 5 or sys.argv[1] not in TESTS:
-        print(__doc__)
-        return 2
-    name, prof, run, artifacts = sys.argv[1:5]
-    if os.geteuid() != 0:
-        print("SKIP: ddheap-prof loads BPF programs and needs root")
-        return 77
-    os.makedirs(artifacts, exist_ok=True)
-    return run_checks(name, lambda c: TESTS[name](c, prof, run, artifacts), require=None)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_prof_test(__doc__, TESTS, 3))

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from harness import Failure, need, run_checks
+from harness import Failure, need, run_prof_test
 from pprof_read import pprof, read_samples
 
 TIMEOUT = 120
@@ -381,18 +381,5 @@ def test_timeline_free(c, prof, timeline, artifacts):
 TESTS = {"timeline": test_timeline, "timeline-free": test_timeline_free}
 
 
-def main():
-    if len(sys.argv) != 5 or sys.argv[1] not in TESTS:
-        print(__doc__)
-        return 2
-    name, prof, timeline, artifacts = sys.argv[1:5]
-    if os.geteuid() != 0:
-        print("SKIP: ddheap-prof loads BPF programs and needs root "
-              "(CI runs this suite as root; run `sudo meson test --suite prof`)")
-        return 77
-    os.makedirs(artifacts, exist_ok=True)
-    return run_checks(name, lambda c: TESTS[name](c, prof, timeline, artifacts), require=None)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_prof_test(__doc__, TESTS, 3))

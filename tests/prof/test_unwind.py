@@ -18,7 +18,7 @@ import re
 import subprocess
 import sys
 
-from harness import Failure, need, run_checks, sigma
+from harness import Failure, need, run_prof_test, sigma
 from pprof_read import pprof, read_functions, read_raw
 
 TIMEOUT = 300
@@ -448,19 +448,8 @@ TESTS = {"c-o2": test_c_o2, "c-truncated": test_c_truncated, "c-nocfi": test_c_n
          "python": test_python, "sqlite": test_sqlite}
 
 
-def main():
-    if len(sys.argv) != 6 or sys.argv[1] not in TESTS:
-        print(__doc__)
-        return 2
-    name, prof, preload, run, artifacts = sys.argv[1:6]
-    if os.geteuid() != 0:
-        print("SKIP: ddheap-prof loads BPF programs and needs root "
-              "(CI runs this suite as root; run `sudo meson test --suite prof`)")
-        return 77
-    os.makedirs(artifacts, exist_ok=True)
-    preload, run = os.path.abspath(preload), os.path.abspath(run)
-    return run_checks(name, lambda c: TESTS[name](c, prof, preload, run, artifacts), require=None)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    # PRELOAD_LIB and DDHEAP_RUN are handed on to other programs (in
+    # LD_PRELOAD or DDHEAP_PRELOAD_LIB, after `--`): made absolute, so
+    # that no working directory matters.
+    sys.exit(run_prof_test(__doc__, TESTS, 4, absolute=(1, 2)))
