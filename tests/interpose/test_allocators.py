@@ -42,7 +42,6 @@ Tests with bpftrace (suite 'tracer', root; never skipped when root):
 import ctypes.util
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 import harness
-from harness import Failure, Tracer
+from harness import Failure, Tracer, free_port
 
 BIG_MAPS = {"BPFTRACE_MAP_KEYS_MAX": "262144"}
 STOP_TIMEOUT = 300  # seconds for bpftrace to print its maps and exit
@@ -220,12 +219,6 @@ REDIS_SCRIPT = [
     "DEBUG POPULATE 60000 pop 200", "DBSIZE", "SCARD myset", "HLEN myhash", "EXISTS key:000000000999",
     "DEBUG DIGEST", "DEBUG DIGEST-VALUE greeting list h s z",
 ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Redis:

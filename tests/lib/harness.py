@@ -16,6 +16,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -206,6 +207,14 @@ class Tracer:
             # in many runs): the stacks are lost, which no check may hide.
             raise StacksLost("bpftrace failed to read back its stacks:\n" + text[:2000])
         return text
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now, for a server the test starts
+    (which may still lose it to another process before it binds)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for_output(proc, text, marker, who, timeout=TIMEOUT):

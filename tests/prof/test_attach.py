@@ -21,13 +21,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-from harness import Failure, run_prof_test
+from harness import Failure, free_port, run_prof_test
 from pprof_read import read_raw
 
 TIMEOUT = 120
@@ -529,12 +528,6 @@ def test_python(c, prof, artifacts, extra):
         if p:
             p.kill()
         t.kill()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def redis_cmd(port, *args):

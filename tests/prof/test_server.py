@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 
-from harness import Failure, need, run_prof_test, sigma
+from harness import Failure, free_port, need, run_prof_test, sigma
 from pprof_read import read_raw
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -271,13 +271,6 @@ def postgres_bin():
     if not dirs or not os.path.exists(os.path.join(dirs[-1], "postgres")):
         raise Failure("PostgreSQL is not installed (scripts/install-deps installs postgresql)")
     return dirs[-1]
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:
