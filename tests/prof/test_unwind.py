@@ -12,7 +12,6 @@ only when not root; fails when a compiler, go, python3, sqlite3 or
 heaptrack is missing. Ends with "N passed, N failed".
 """
 
-import math
 import os
 import re
 import subprocess
