@@ -214,37 +214,44 @@ def test_exact(c, prof, workload, artifacts, extra):
     check_plain_truth(c, truth, raw, SITES)
 
 
-def test_pid(c, prof, workload, artifacts, extra):
-    """-p PID: attach to a running workload (which then allocates), stop
-    with SIGINT while it lingers; estimates within 5 sigma of its truth,
-    blocks allocated before the attach (--pre) not in the profile."""
-    interval = 65536
-    pb = os.path.join(artifacts, "pid.pb.gz")
-    w = Workload(workload, ["--threads=2", "--rounds=1500", f"--seed={SEED}", "--pre=500",
-                            "--go", "--linger=stdin"],
-                 {"DD_HEAP_SAMPLING_INTERVAL": str(interval)})
+def profile_lingering(c, prof, workload, args, env, prof_args, settle_s=0.0):
+    """ddheap-prof PROF_ARGS -p on the workload, which allocates once it is
+    attached and then lingers; after settle_s, SIGINT; both exit codes
+    checked. Returns (the workload, ddheap-prof)."""
+    w = Workload(workload, args + ["--go", "--linger=stdin"], env)
     p = None
     try:
         w.wait_line("workload: pid=")
-        p = Prof(prof, ["-p", str(w.pid), "-o", pb])
+        p = Prof(prof, prof_args + ["-p", str(w.pid)])
         p.wait_for("ddheap-prof: profiling pid")
         w.send("go")
         w.wait_line("workload: lingering")
-        rc = p.finish(signal.SIGINT)
-        c.equal(rc, 0, "ddheap-prof exit code after SIGINT")
+        time.sleep(settle_s)
+        c.equal(p.finish(signal.SIGINT), 0, "ddheap-prof exit code after SIGINT")
         w.send("exit")
         c.equal(w.finish(), 0, "workload exit code")
     finally:
         w.kill()
         if p:
             p.kill()
+    return w, p
+
+
+def test_pid(c, prof, workload, artifacts, extra):
+    """-p PID: attach to a running workload (which then allocates), stop
+    with SIGINT while it lingers; estimates within 5 sigma of its truth,
+    blocks allocated before the attach (--pre) not in the profile."""
+    interval = 65536
+    pb = os.path.join(artifacts, "pid.pb.gz")
+    w, _ = profile_lingering(c, prof, workload,
+                             ["--threads=2", "--rounds=1500", f"--seed={SEED}", "--pre=500"],
+                             {"DD_HEAP_SAMPLING_INTERVAL": str(interval)}, ["-o", pb])
     truth = harness.parse_truth(w.lines)
     c.equal(truth["check"]["attached_at_start"], 1, "profiler attached when the workload started")
     raw = read_raw(pb)
     check_estimates(c, truth, raw, interval)
     c.check("site_pre_attach" not in per_site(raw, "alloc_space"),
             "no block allocated before the attach")
-
 
 
 NAMED = re.compile(r"addresses named: (\d+) while running \(the longest stack [\d.]+ ms\), "
@@ -266,26 +273,12 @@ def test_naming(c, prof, workload, artifacts, extra):
     lingers, names every address while running. Then exact mode (no
     limit: a burst can fill the buffer while a stack is named) leaves all
     the naming for the end, and loses no event."""
-    w = Workload(workload, ["--threads=1", "--rounds=300", f"--seed={SEED}", "--go",
-                            "--linger=stdin"],
-                 {"DD_HEAP_SAMPLING_INTERVAL": "65536", "DD_HEAP_SAMPLES_PER_SECOND": "3000"})
-    p = None
-    try:
-        w.wait_line("workload: pid=")
-        p = Prof(prof, ["-v", "-p", str(w.pid), "-o", os.path.join(artifacts, "naming.pb.gz")])
-        p.wait_for("ddheap-prof: profiling pid")
-        w.send("go")
-        w.wait_line("workload: lingering")
-        # The reader wakes every 50 ms; a handful of stacks take well under
-        # a second to name, 50-60 ms the first libc frame with libc6-dbg.
-        time.sleep(2)
-        c.equal(p.finish(signal.SIGINT), 0, "ddheap-prof exit code after SIGINT")
-        w.send("exit")
-        c.equal(w.finish(), 0, "workload exit code")
-    finally:
-        w.kill()
-        if p:
-            p.kill()
+    # The reader wakes every 50 ms; a handful of stacks take well under a
+    # second to name, 50-60 ms the first libc frame with libc6-dbg.
+    _, p = profile_lingering(c, prof, workload, ["--threads=1", "--rounds=300", f"--seed={SEED}"],
+                             {"DD_HEAP_SAMPLING_INTERVAL": "65536",
+                              "DD_HEAP_SAMPLES_PER_SECOND": "3000"},
+                             ["-v", "-o", os.path.join(artifacts, "naming.pb.gz")], settle_s=2)
     running, writing = named_split(p.text())
     c.check(running > 0 and writing == 0,
             f"at a limited rate, every address named while running: {running}, {writing}")
