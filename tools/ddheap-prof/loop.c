@@ -330,15 +330,17 @@ static int on_event(void *ctx, void *data, size_t size)
  * named. Events come first, and one stack can take tens of milliseconds
  * to name (the first frame of a library with debug info: its DWARF is
  * read then). So naming runs only while the processes' rate limit bounds
- * a burst to what the buffer holds for NAMING_STALL_NS (the default, 3000
- * samples a second at 16 KiB of stack each, fills 16 MiB in a third of a
- * second), when the buffer, at the rate the last read found, would take
- * NAMING_HEADROOM_NS or more to fill, and for NAMING_BUDGET_NS at a time.
- * Without a limit (exact mode fills 16 MiB in milliseconds in a burst)
- * naming waits for the end of the run: named in the event handler,
- * events were lost there. The
- * table's stacks are only ever appended, so those from p->stacks_named
- * on are the new ones. */
+ * a burst of one process to what the buffer holds for NAMING_STALL_NS
+ * (the default, 3000 samples a second at 16 KiB of stack each, fills 16
+ * MiB in a third of a second), when the buffer, at the rate the last read
+ * found, would take NAMING_HEADROOM_NS or more to fill, and for
+ * NAMING_BUDGET_NS at a time. Without a limit (exact mode fills 16 MiB in
+ * milliseconds in a burst) naming waits for the end of the run: named in
+ * the event handler, events were lost there. (Hazard: many processes
+ * starting a burst together within one stall could still fill the
+ * buffer; the loss is counted and said, like any other.) The table's
+ * stacks are only ever appended, so those from p->stacks_named on are
+ * the new ones. */
 #define NAMING_BUDGET_NS 5000000LL
 #define NAMING_HEADROOM_NS 1000000000LL
 #define NAMING_STALL_NS 250000000LL
