@@ -55,8 +55,9 @@ struct dd_prof_symbolizer {
     const struct dd_prof_objects *objs;
 };
 
-/* Addresses resolved (not found remembered), [1] as their stacks arrived
- * (dd_prof_symbolize_ahead), [0] later, when a report asked. */
+/* Addresses resolved (not found remembered), [1] while the run went on
+ * (dd_prof_symbolize_ahead, from the reader's loop), [0] when a report
+ * asked. */
 static struct {
     bool ahead;
     uint64_t resolved[2];
